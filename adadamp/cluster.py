@@ -1,0 +1,127 @@
+"""Cluster policy: how many workers a batch wants, and the embedded cluster.
+
+The batch size decides the cluster size (DESIGN.md §2, Holt & Sievert 2021
+"Architecture"): ``workers = clip(ceil(B / grads_per_worker), min, max)``.
+Growing calls ``cluster.scale`` and returns at once (an HPC queue may take
+minutes; training goes on with the workers it has).  Shrinking retires the
+chosen workers first, because ``scale()`` alone closes workers without
+retiring them (dask/distributed#5577, dask-engine.md §3.2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import dask
+from distributed import Client, LocalCluster
+
+logger = logging.getLogger("adadamp")
+
+
+@dataclass(frozen=True)
+class ClusterPolicy:
+    """How the trainer sizes and waits for the cluster.
+
+    Attributes
+    ----------
+    grads_per_worker : int
+        Examples one worker should compute per update.
+    min_workers, max_workers : int
+        Bounds on the number of workers asked for.
+    scale : bool
+        Call ``cluster.scale`` as the batch size changes.
+    prescale_epochs : float
+        How far ahead (in epochs) a known schedule is read to ask for
+        workers before the batch grows, hiding queue waits.
+    worker_timeout : float
+        Seconds to wait for a first worker when none is alive.
+    update_timeout : float
+        Seconds one worker may take for one gradient before it is treated
+        as lost and its share is recomputed elsewhere.
+    """
+
+    grads_per_worker: int = 128
+    min_workers: int = 1
+    max_workers: int = 16
+    scale: bool = False
+    prescale_epochs: float = 1.0
+    worker_timeout: float = 60.0
+    update_timeout: float = 120.0
+
+    def wanted(self, batch_size: int) -> int:
+        """Workers wanted for ``batch_size`` examples per update."""
+        n = math.ceil(batch_size / self.grads_per_worker)
+        return int(min(max(n, self.min_workers), self.max_workers))
+
+
+def default_n_workers() -> int:
+    """Worker processes of the embedded cluster: one per core."""
+    return max(1, os.cpu_count() or 1)
+
+
+@contextlib.contextmanager
+def embedded_client(n_workers: int):
+    """Start a LocalCluster of single-threaded worker processes, then close it.
+
+    Dask's nannies set ``MALLOC_TRIM_THRESHOLD_=65536``, which makes PyTorch
+    1.5-2x slower in workers (dask-engine.md §1); the embedded cluster does
+    not set it (the worker plugin also repairs it on other clusters).
+    """
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        cluster = LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            silence_logs=logging.ERROR,
+        )
+    client = Client(cluster, set_as_default=False)
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()
+        with contextlib.suppress(Exception):
+            cluster.close()
+
+
+def live_workers(client: Client) -> dict[str, dict]:
+    """Address -> info of the workers the scheduler knows and considers running."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    return {a: w for a, w in workers.items() if w.get("status", "running") == "running"}
+
+
+def request_workers(client: Client, n: int) -> bool:
+    """Ask the cluster for ``n`` workers without waiting. False if it cannot scale."""
+    cluster = getattr(client, "cluster", None)
+    if cluster is None or not hasattr(cluster, "scale"):
+        return False
+    cluster.scale(n)
+    return True
+
+
+def retire(client: Client, addresses: list[str], target: int, timeout: float = 10.0) -> None:
+    """Retire ``addresses`` gracefully, then shrink the cluster to ``target``.
+
+    The caller has already moved adadamp's data off these workers.  Retiring
+    by name first makes the retired specs "not launched", so the following
+    ``cluster.scale`` drops them rather than a live worker (dask-engine.md §3.2).
+    """
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    names = [info[a]["name"] for a in addresses if a in info]
+    client.retire_workers(workers=addresses, close_workers=True, remove=True)
+    cluster = getattr(client, "cluster", None)
+    if cluster is None:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        known = {w["name"] for w in cluster.scheduler_info.get("workers", {}).values()}
+        if not known.intersection(names):
+            break
+        time.sleep(0.05)
+    cluster.scale(target)

@@ -1,0 +1,412 @@
+"""The client-side parameter server: one synchronous model update at a time.
+
+The client owns the weights (one flat float32 buffer that the module's
+parameters view) and the optimizer.  Each update (DESIGN.md §2-§3):
+
+1. the damper names the batch size; the client draws that many example
+   indices from one seeded permutation per data epoch, so the trajectory does
+   not depend on how many workers there are (elastic-anchors §4.6);
+2. the indices are routed to the workers holding those examples, and each
+   worker gets the weights and its indices in one direct RPC;
+3. each worker returns the gradient SUM over its examples (plus the example
+   count, the loss sum and, for AdaScale, chunk statistics);
+4. the client sums in a fixed order, divides by the example count once, asks
+   the damper for the learning-rate factor and momentum, and steps.
+
+A worker that dies or times out loses only its share of one update: its data
+blocks are placed again from the client's copy and its share is recomputed on
+the survivors (dask-engine.md §4.2).  This module talks to Dask; it knows
+nothing about scikit-learn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+import uuid
+from typing import Self
+
+import cloudpickle
+import numpy as np
+import torch
+from distributed import Client
+from distributed.comm.core import CommClosedError
+from distributed.protocol import to_serialize
+
+from . import cluster as cl
+from ._worker import TrainerPlugin, flatten_parameters
+from .dampers import BaseDamper, GradStats, TrainState
+from .exceptions import ConvergenceError, NoWorkersError
+
+logger = logging.getLogger("adadamp")
+
+_LOST = (OSError, CommClosedError, asyncio.TimeoutError, TimeoutError, EOFError)
+
+
+@dataclasses.dataclass
+class LoopState:
+    """The training clock and the sampler position (picklable, checkpointed).
+
+    ``progress`` is the one epoch clock in examples: data examples, unless the
+    damper reports another progress per update (AdaScale).
+    """
+
+    seed: int
+    n_data: int
+    n_updates: int = 0
+    n_samples_seen: int = 0
+    progress: float = 0.0
+    data_epoch: int = 0
+    position: int = 0
+
+    @property
+    def epoch(self) -> float:
+        return self.progress / self.n_data
+
+    def permutation(self) -> np.ndarray:
+        return np.random.default_rng([self.seed, self.data_epoch]).permutation(self.n_data)
+
+
+class Engine:
+    """Trains ``module`` on ``X, y`` held by the workers of ``client``.
+
+    One engine lives for one ``fit``/``partial_fit`` call; everything that must
+    outlive the call (module, optimizer, damper, :class:`LoopState`) belongs
+    to the caller and is only borrowed here.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        module: torch.nn.Module,
+        criterion: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        damper: BaseDamper,
+        loop: LoopState,
+        X: np.ndarray,
+        y: np.ndarray,
+        policy: cl.ClusterPolicy,
+        device: str = "cpu",
+        n_blocks: int = 256,
+    ):
+        self.client = client
+        self.module = module
+        self.criterion = criterion
+        self.optimizer = optimizer
+        self.damper = damper
+        self.loop = loop
+        self.X = X
+        self.y = y
+        self.policy = policy
+        self.device = device
+        self.fit_id = f"adadamp-{uuid.uuid4().hex}"
+        n = len(X)
+        self.block_size = math.ceil(n / min(n, n_blocks))
+        self.n_blocks = math.ceil(n / self.block_size)
+        self.block_owner = np.zeros(self.n_blocks, dtype=np.int64)
+        self.workers: list[str] = []  # rank order = order of joining
+        self._payload = None
+        self._last_refresh = -math.inf
+        self._requested: int | None = None
+        for group in optimizer.param_groups:
+            group.setdefault("adadamp_base_lr", group["lr"])
+
+    # ------------------------------------------------------------------ set-up
+    def __enter__(self) -> Self:
+        self.flat, self.grads = flatten_parameters(self.module)
+        self.flat_np = self.flat.numpy()
+        self.grads_np = self.grads.numpy()
+        self._backup = self.flat.clone()
+        self._payload = cloudpickle.dumps((self.module, self.criterion, self.device))
+        self.client.register_plugin(TrainerPlugin(), name=TrainerPlugin.name)
+        if self.policy.scale:
+            batch = self.damper.next_batch_size(self._train_state())
+            self._scale_to(self.policy.wanted(int(batch)))
+        self._refresh_membership(force=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with contextlib.suppress(Exception):
+            self._call_all([(w, "adadamp_release", {"fit_id": self.fit_id}) for w in self.workers])
+        # Give the parameters their own storage again, so the module pickles
+        # compactly and outlives the flat buffer.
+        for p in self.module.parameters():
+            p.data = p.data.clone()
+            p.grad = None
+
+    # -------------------------------------------------------------- RPC fan-out
+    def _call_all(self, calls: list[tuple[str, str, dict]], timeout: float | None = None):
+        """Run ``(address, op, kwargs)`` RPCs concurrently; exceptions are returned."""
+        if not calls:
+            return []
+        return self.client.sync(self._gather_calls, calls, timeout or self.policy.update_timeout)
+
+    async def _gather_calls(self, calls, timeout):
+        async def one(address, op, kwargs):
+            rpc = self.client.rpc(address)
+            return await asyncio.wait_for(getattr(rpc, op)(**kwargs), timeout)
+
+        return await asyncio.gather(*(one(*c) for c in calls), return_exceptions=True)
+
+    # --------------------------------------------------------------- membership
+    def _refresh_membership(self, force: bool = False, lost: tuple[str, ...] = ()) -> None:
+        """Drop lost workers, set up new ones, and rebalance the data blocks."""
+        now = time.monotonic()
+        if not force and not lost and now - self._last_refresh < 1.0:
+            return
+        self._last_refresh = now
+        live = cl.live_workers(self.client)
+        survivors = [w for w in self.workers if w in live and w not in lost]
+        joined = sorted(w for w in live if w not in self.workers and w not in lost)
+        if joined:
+            replies = self._call_all(
+                [
+                    (w, "adadamp_setup", {"fit_id": self.fit_id, "payload": self._payload, "n_total": len(self.X)})
+                    for w in joined
+                ],
+                timeout=max(60.0, self.policy.update_timeout),
+            )
+            for w, r in zip(joined, replies):
+                if isinstance(r, BaseException):
+                    if not isinstance(r, _LOST):
+                        raise r
+                    logger.warning("worker %s could not be set up (%r); ignoring it for now", w, r)
+            joined = [w for w, r in zip(joined, replies) if not isinstance(r, BaseException)]
+        new_workers = survivors + joined
+        if new_workers == self.workers:
+            return
+        if not new_workers:
+            self._wait_for_workers()
+            self._refresh_membership(force=True)
+            return
+        self._rebalance(new_workers)
+
+    def _wait_for_workers(self) -> None:
+        timeout = self.policy.worker_timeout
+        logger.warning("no live worker; waiting up to %.0f s for one", timeout)
+        if self.policy.scale:
+            cl.request_workers(self.client, max(1, self._requested or 1))
+        try:
+            self.client.wait_for_workers(1, timeout=timeout)
+        except TimeoutError as err:
+            raise NoWorkersError(
+                f"All Dask workers are gone and none joined within worker_timeout={timeout} s "
+                f"(after {self.loop.n_updates} model updates). The estimator keeps the last "
+                "good weights; add workers to the cluster and call fit again with warm_start=True."
+            ) from err
+        self.workers = []
+
+    def _rebalance(self, new_workers: list[str]) -> None:
+        """Give every worker a fair share of blocks, moving as few as possible."""
+        old = [self.workers[k] for k in self.block_owner] if self.workers else [None] * self.n_blocks
+        n_new = len(new_workers)
+        quota = {w: self.n_blocks // n_new + (k < self.n_blocks % n_new) for k, w in enumerate(new_workers)}
+        owner: list[str | None] = [None] * self.n_blocks
+        count = dict.fromkeys(new_workers, 0)
+        for b, w in enumerate(old):
+            if w in quota and count[w] < quota[w]:
+                owner[b] = w
+                count[w] += 1
+        free = iter(w for w in new_workers for _ in range(quota[w] - count[w]))
+        for b in range(self.n_blocks):
+            if owner[b] is None:
+                owner[b] = next(free)
+        add: dict[str, list] = {w: [] for w in new_workers}
+        drop: dict[str, list] = {w: [] for w in new_workers}
+        for b, (was, now) in enumerate(zip(old, owner)):
+            if was != now:
+                idx = np.arange(b * self.block_size, min((b + 1) * self.block_size, len(self.X)))
+                add[now].append((b, idx, self.X[idx], self.y[idx]))
+                if was in drop:
+                    drop[was].append(b)
+        calls = [
+            (w, "adadamp_data", {"fit_id": self.fit_id, "add": to_serialize(add[w]), "drop": drop[w]})
+            for w in new_workers
+            if add[w] or drop[w]
+        ]
+        replies = self._call_all(calls, timeout=max(60.0, self.policy.update_timeout))
+        failed = tuple(c[0] for c, r in zip(calls, replies) if isinstance(r, BaseException))
+        for r in replies:
+            if isinstance(r, BaseException) and not isinstance(r, _LOST):
+                raise r
+        self.workers = new_workers
+        rank = {w: k for k, w in enumerate(new_workers)}
+        self.block_owner = np.array([rank[w] for w in owner], dtype=np.int64)
+        logger.info("workers: %d, blocks per worker: %s", n_new, sorted(quota.values()))
+        if failed:
+            self._refresh_membership(force=True, lost=failed)
+
+    # ------------------------------------------------------------------ scaling
+    def _scale_to(self, n: int) -> None:
+        if n == self._requested:
+            return
+        live = list(self.workers) or list(cl.live_workers(self.client))
+        if n < len(live) and self.workers:
+            victims = self.workers[n:]
+            self._rebalance(self.workers[:n])
+            cl.retire(self.client, victims, n)
+        elif not cl.request_workers(self.client, n):
+            logger.warning("the Dask client has no cluster to scale; using the workers it has")
+            self.policy = dataclasses.replace(self.policy, scale=False)
+            return
+        self._requested = n
+
+    # ------------------------------------------------------------------ training
+    def _train_state(self) -> TrainState:
+        lp = self.loop
+        return TrainState(lp.n_updates, lp.n_samples_seen, lp.epoch, lp.n_data, max(1, len(self.workers)))
+
+    def _take(self, batch_size: int) -> np.ndarray:
+        lp = self.loop
+        if lp.position == 0 or not hasattr(self, "_perm") or self._perm_epoch != lp.data_epoch:
+            self._perm, self._perm_epoch = lp.permutation(), lp.data_epoch
+        idx = self._perm[lp.position : lp.position + batch_size]
+        lp.position += len(idx)
+        if lp.position >= lp.n_data:
+            lp.position = 0
+            lp.data_epoch += 1
+        return idx
+
+    def _gradients(self, idx: np.ndarray, n_chunks: int):
+        """Gradient sums over ``idx`` from the workers, recomputing lost shares."""
+        todo = [idx]
+        done = []
+        timing = {"compute": 0.0}
+        for _attempt in range(1 + 10):
+            calls, parts = [], []
+            for part in todo:
+                codes = self.block_owner[part // self.block_size]
+                for k, w in enumerate(self.workers):
+                    sub = part[codes == k]
+                    if len(sub):
+                        seed = (self.loop.seed * 1_000_003 + self.loop.n_updates * 7919 + k) % 2**63
+                        kwargs = {
+                            "fit_id": self.fit_id,
+                            "weights": to_serialize(self.flat_np),
+                            "indices": to_serialize(sub),
+                            "n_chunks": n_chunks,
+                            "seed": seed,
+                        }
+                        calls.append((w, "adadamp_gradient", kwargs))
+                        parts.append(sub)
+            replies = self._call_all(calls)
+            todo, lost = [], []
+            for (w, _, _), sub, r in zip(calls, parts, replies):
+                if isinstance(r, _LOST):
+                    lost.append(w)
+                    todo.append(sub)
+                elif isinstance(r, BaseException):
+                    raise r
+                else:
+                    done.append(r)
+                    timing["compute"] = max(timing["compute"], r["compute_time"])
+            if not todo:
+                return done, timing
+            logger.warning("lost worker(s) %s during update %d; recomputing their share", lost, self.loop.n_updates)
+            self._refresh_membership(force=True, lost=tuple(lost))
+        raise NoWorkersError(f"update {self.loop.n_updates} failed on every retry: workers keep dying")
+
+    def update(self) -> dict:
+        """One model update; returns its record for the history."""
+        t_start = time.perf_counter()
+        self._refresh_membership()
+        state = self._train_state()
+        batch_size = int(self.damper.next_batch_size(state))
+        if batch_size < 1:
+            raise ValueError(f"{type(self.damper).__name__} asked for batch size {batch_size}; it must be >= 1.")
+        if self.policy.scale:
+            ahead = self.damper.forecast_batch_size(state.epoch + self.policy.prescale_epochs) or 0
+            self._scale_to(self.policy.wanted(max(batch_size, ahead)))
+        idx = self._take(batch_size)
+        n_chunks = 2 if self.damper.needs_grad_stats else 1
+        t_sent = time.perf_counter()
+        replies, timing = self._gradients(idx, n_chunks)
+        t_back = time.perf_counter()
+
+        grad = replies[0]["grad"].copy() if len(replies) > 1 else replies[0]["grad"]
+        for r in replies[1:]:
+            grad += r["grad"]
+        n = sum(r["n"] for r in replies)
+        loss = sum(r["loss_sum"] for r in replies) / n
+        np.multiply(grad, 1.0 / n, out=self.grads_np)
+        if not math.isfinite(loss) or not np.isfinite(self.grads_np).all():
+            self.flat.copy_(self._backup)
+            raise ConvergenceError(
+                f"Non-finite training loss ({loss}) at model update {self.loop.n_updates} with batch "
+                f"size {len(idx)}. The estimator keeps the last finite weights; lower the learning "
+                "rate (optimizer__lr) or the batch-size growth."
+            )
+        stats = None
+        if self.damper.needs_grad_stats:
+            g64 = self.grads_np.astype(np.float64)
+            stats = GradStats(
+                n_samples=int(n),
+                grad_sq_norm=float(g64 @ g64),
+                chunk_sq_norm_sum=float(sum(r["chunk_sq_norm_sum"] for r in replies)),
+                n_chunks=int(sum(r["n_chunks"] for r in replies)),
+            )
+        plan = self.damper.plan_update(state, int(n), stats)
+        t_agg = time.perf_counter()
+
+        self._backup.copy_(self.flat)
+        lr = self._apply_plan(plan)
+        self.optimizer.step()
+        t_step = time.perf_counter()
+
+        lp = self.loop
+        lp.n_updates += 1
+        lp.n_samples_seen += int(n)
+        lp.progress += float(n if plan.progress is None else plan.progress)
+        round_trip = t_back - t_sent
+        return {
+            "batch_size": int(n),
+            "lr": lr,
+            "n_workers": len(self.workers),
+            "loss": loss,
+            "compute_time": timing["compute"],
+            "comm_time": max(0.0, round_trip - timing["compute"]),
+            "aggregate_time": t_agg - t_back,
+            "step_time": t_step - t_agg,
+            "update_time": t_step - t_start,
+        }
+
+    def _apply_plan(self, plan) -> float:
+        if plan.momentum_buffer_scale != 1.0:
+            for st in self.optimizer.state.values():
+                buf = st.get("momentum_buffer")
+                if buf is not None:
+                    buf.mul_(plan.momentum_buffer_scale)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["adadamp_base_lr"] * plan.lr_factor
+            if plan.momentum is not None:
+                if "momentum" in group:
+                    group["momentum"] = plan.momentum
+                elif "betas" in group:
+                    group["betas"] = (plan.momentum, group["betas"][1])
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def run_epoch(self) -> dict:
+        """Updates until the epoch clock passes the next whole epoch."""
+        start = time.perf_counter()
+        lp = self.loop
+        target = (math.floor(lp.epoch + 1e-9) + 1) * lp.n_data
+        updates = []
+        while lp.progress < target - 1e-6:
+            updates.append(self.update())
+        n = sum(u["batch_size"] for u in updates)
+        return {
+            "epoch": round(target / lp.n_data),
+            "train_loss": sum(u["loss"] * u["batch_size"] for u in updates) / n,
+            "batch_size": max(u["batch_size"] for u in updates),
+            "lr": updates[-1]["lr"],
+            "n_workers": updates[-1]["n_workers"],
+            "n_updates": lp.n_updates,
+            "n_samples_seen": lp.n_samples_seen,
+            "dur": time.perf_counter() - start,
+            "updates": updates,
+        }

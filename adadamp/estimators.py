@@ -1,0 +1,653 @@
+"""scikit-learn estimators that train PyTorch modules on a Dask cluster.
+
+The estimators validate everything up front (before any cluster work), build
+the module, criterion, optimizer and damper, and hand them to the engine.
+Routed parameters follow skorch: ``module__hidden=8``, ``optimizer__lr=0.05``,
+``criterion__weight=...``, ``batch_size__delay=5`` (api-conventions.md §3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import difflib
+import inspect
+import numbers
+import types
+import warnings
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
+from sklearn.exceptions import DataConversionWarning
+from sklearn.utils import check_random_state
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+from torch import nn
+
+from . import cluster as cl
+from .dampers import BaseDamper, Constant
+from .engine import Engine, LoopState
+from .exceptions import ConvergenceError, NoWorkersError
+from .modules import MLP
+
+__all__ = ["DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
+
+ROUTED = ("module", "criterion", "optimizer", "batch_size", "callbacks")
+
+
+def _routed_prefix(key: str) -> str | None:
+    for prefix in ROUTED:
+        if key.startswith(prefix + "__"):
+            return prefix
+    return None
+
+
+class DaskBaseDamper(BaseEstimator):
+    """Base of :class:`DaskClassifier` and :class:`DaskRegressor`.
+
+    Trains a PyTorch module with synchronous data-parallel SGD on the workers
+    of a Dask cluster.  The client holds the weights and the optimizer; each
+    model update sends the weights to the workers, each worker returns the
+    gradient sum over its share of the batch, and the client steps.  The batch
+    size may grow during training (``batch_size=GeoDamp``) and the cluster
+    with it.
+
+    Parameters
+    ----------
+    module : torch.nn.Module class or instance, default=None
+        The model.  A class is built with the ``module__*`` parameters; an
+        instance is copied at each fresh fit.  None builds an :class:`MLP`
+        sized to the data (``module__hidden`` sets its hidden layers).
+    criterion : torch.nn.Module class or instance, default=None
+        The loss (built with ``criterion__*``).  None means
+        ``CrossEntropyLoss`` for the classifier and ``MSELoss`` for the
+        regressor.
+    optimizer : torch.optim.Optimizer class, default=torch.optim.Adam
+        Built on the client with ``optimizer__*`` (e.g. ``optimizer__lr``).
+    batch_size : int, damper class or damper instance, default=32
+        Examples per model update.  A damper (see :mod:`adadamp.dampers`)
+        changes it during training; a class is built with ``batch_size__*``.
+    max_epochs : int, default=10
+        Epochs of ``fit``.  ``partial_fit`` runs exactly one epoch.
+    warm_start : bool, default=False
+        Continue from the fitted state instead of starting afresh.
+    random_state : int, RandomState or None, default=None
+        Seeds the module's initial weights, the data order and dropout.
+        Same seed and same number of workers give bitwise the same weights.
+    device : str, default="cpu"
+        Where the workers compute ("cuda" for their GPU).  The client side
+        always stays on the CPU.
+    client : distributed.Client or None, default=None
+        The cluster to train on.  None uses the active client if there is
+        one, else starts a LocalCluster for the duration of the fit.
+    grads_per_worker : int, default=128
+        Examples per worker per update when sizing the cluster.
+    min_workers, max_workers : int, default=1 and None
+        Bounds for the cluster size.  ``max_workers=None`` means one worker
+        per core for the embedded cluster and 16 otherwise.
+    scale_cluster : bool or None, default=None
+        Grow and shrink the cluster with the batch size (``cluster.scale``).
+        None: yes for the embedded cluster, no for a cluster you passed.
+    worker_timeout : float, default=60
+        Seconds to wait for a worker when none is left.
+    update_timeout : float, default=120
+        Seconds one worker may take for one gradient before it is treated
+        as lost (its share is recomputed on the others).
+    verbose : int, default=0
+        1 prints one line per epoch.
+    **kwargs
+        Routed parameters: ``module__*``, ``criterion__*``, ``optimizer__*``,
+        ``batch_size__*``, ``callbacks__*``.
+
+    Attributes
+    ----------
+    module_ : torch.nn.Module
+        The trained module (on the CPU).
+    optimizer_ : torch.optim.Optimizer
+        The optimizer with its state (momentum buffers survive epochs,
+        batch-size changes and ``partial_fit`` calls).
+    criterion_ : torch.nn.Module
+    damper_ : BaseDamper
+        The resolved batch-size schedule with its training state.
+    history_ : list of dict
+        One row per epoch: ``epoch, train_loss, batch_size, lr, n_workers,
+        n_updates, n_samples_seen, dur`` and the per-update rows under
+        ``"updates"`` (batch size, lr, workers, loss and a time breakdown:
+        ``compute_time, comm_time, aggregate_time, step_time, update_time``).
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when X has string column names (pandas).
+    n_iter_ : int
+        Epochs trained.
+    """
+
+    def __init__(
+        self,
+        module=None,
+        criterion=None,
+        optimizer=torch.optim.Adam,
+        batch_size=32,
+        max_epochs: int = 10,
+        warm_start: bool = False,
+        random_state=None,
+        device: str = "cpu",
+        client=None,
+        grads_per_worker: int = 128,
+        min_workers: int = 1,
+        max_workers: int | None = None,
+        scale_cluster: bool | None = None,
+        worker_timeout: float = 60.0,
+        update_timeout: float = 120.0,
+        verbose: int = 0,
+        **kwargs,
+    ):
+        self.module = module
+        self.criterion = criterion
+        self.optimizer = optimizer
+        self.batch_size = batch_size
+        self.max_epochs = max_epochs
+        self.warm_start = warm_start
+        self.random_state = random_state
+        self.device = device
+        self.client = client
+        self.grads_per_worker = grads_per_worker
+        self.min_workers = min_workers
+        self.max_workers = max_workers
+        self.scale_cluster = scale_cluster
+        self.worker_timeout = worker_timeout
+        self.update_timeout = update_timeout
+        self.verbose = verbose
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+    # ------------------------------------------------------------ parameters
+    @classmethod
+    def _init_param_names(cls) -> list[str]:
+        sig = inspect.signature(DaskBaseDamper.__init__)
+        return [p for p in sig.parameters if p not in ("self", "kwargs")]
+
+    def _get_param_names(self) -> list[str]:
+        # Extra keyword arguments (routed ``prefix__name`` keys, or typos that
+        # fit will reject with a hint) are parameters too, so clone keeps them.
+        names = self._init_param_names()
+        extra = sorted(k for k in vars(self) if k not in names and not k.startswith("_") and not k.endswith("_"))
+        return names + extra
+
+    def set_params(self, **params):
+        """Set parameters; routed ``prefix__name`` keys are stored as given."""
+        normal = {}
+        for key, value in params.items():
+            if _routed_prefix(key):
+                setattr(self, key, value)
+            else:
+                normal[key] = value
+        if normal:
+            super().set_params(**normal)
+        return self
+
+    def _params_for(self, prefix: str) -> dict:
+        n = len(prefix) + 2
+        return {k[n:]: v for k, v in vars(self).items() if k.startswith(prefix + "__")}
+
+    def _check_params(self) -> None:
+        """Validate every parameter before any data or cluster work."""
+        known = set(self._init_param_names())
+        for key in self._get_param_names():
+            if key in known or _routed_prefix(key):
+                continue
+            raise ValueError(f"Unknown parameter {key!r} for {type(self).__name__}.{_did_you_mean(key, known)}")
+        if (
+            isinstance(self.max_epochs, bool)
+            or not isinstance(self.max_epochs, numbers.Integral)
+            or self.max_epochs < 1
+        ):
+            raise ValueError(f"max_epochs must be an integer >= 1; got {self.max_epochs!r}.")
+        bs = self.batch_size
+        if isinstance(bs, numbers.Integral) and not isinstance(bs, bool):
+            if bs < 1:
+                raise ValueError(f"batch_size must be >= 1; got {bs}.")
+        elif not (isinstance(bs, BaseDamper) or (isinstance(bs, type) and issubclass(bs, BaseDamper))):
+            raise TypeError(
+                f"batch_size must be an int, a damper class or a damper instance "
+                f"(see adadamp.dampers); got {bs!r}."
+            )
+        for name in ("grads_per_worker", "min_workers"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
+        if self.max_workers is not None and (
+            not isinstance(self.max_workers, numbers.Integral) or self.max_workers < self.min_workers
+        ):
+            raise ValueError(
+                f"max_workers must be None or an integer >= min_workers={self.min_workers}; "
+                f"got {self.max_workers!r}."
+            )
+        if not isinstance(self.device, (str, torch.device)):
+            raise TypeError(f"device must be a string such as 'cpu' or 'cuda'; got {self.device!r}.")
+        if not (isinstance(self.optimizer, type) and issubclass(self.optimizer, torch.optim.Optimizer)):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer class; got {self.optimizer!r}.")
+
+    # ------------------------------------------------------------------ build
+    def _build_damper(self, n_data: int) -> BaseDamper:
+        params = self._params_for("batch_size")
+        bs = self.batch_size
+        if isinstance(bs, BaseDamper):
+            damper = clone(bs)
+            try:
+                damper.set_params(**params)
+            except ValueError as err:
+                raise ValueError(f"batch_size__*: {err}") from err
+        elif isinstance(bs, type):
+            damper = _construct(bs, params, "batch_size")
+        else:
+            if params:
+                keys = ", ".join(f"batch_size__{k}" for k in params)
+                raise ValueError(f"{keys} given but batch_size={bs!r} is not a damper; pass e.g. batch_size=GeoDamp.")
+            damper = Constant(batch_size=int(bs))
+        damper.reset(n_data)
+        return damper
+
+    def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
+        params = self._params_for("module")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            if self.module is None:
+                params = {"n_features": n_features, "n_outputs": n_outputs, **params}
+                return _construct(MLP, params, "module")
+            if isinstance(self.module, nn.Module):
+                if params:
+                    return _construct(type(self.module), params, "module")
+                return copy.deepcopy(self.module)
+            if isinstance(self.module, type) and issubclass(self.module, nn.Module):
+                return _construct(self.module, params, "module")
+        raise ValueError(f"module must be None, a torch.nn.Module class or instance; got {self.module!r}.")
+
+    def _build_criterion(self) -> nn.Module:
+        crit = self.criterion if self.criterion is not None else self._default_criterion
+        params = self._params_for("criterion")
+        if isinstance(crit, nn.Module):
+            return _construct(type(crit), params, "criterion") if params else copy.deepcopy(crit)
+        if isinstance(crit, type) and issubclass(crit, nn.Module):
+            return _construct(crit, params, "criterion")
+        raise ValueError(f"criterion must be a torch.nn.Module class or instance; got {crit!r}.")
+
+    def _build_optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
+        return _construct(self.optimizer, self._params_for("optimizer"), "optimizer", module.parameters())
+
+    # ------------------------------------------------------------------- data
+    def _to_arrays(self, X, y, reset: bool):
+        X = _as_numpy(X)
+        y = _as_numpy(y) if y is not None else None
+        X, y = validate_data(
+            self,
+            X,
+            y,
+            reset=reset,
+            dtype=np.float32,
+            allow_nd=True,
+            multi_output=True,
+            y_numeric=isinstance(self, RegressorMixin),
+        )
+        if X.shape[0] < 2:
+            raise ValueError(f"Found {X.shape[0]} sample(s); adadamp needs at least 2 samples to train.")
+        return np.ascontiguousarray(X), y
+
+    # -------------------------------------------------------------- training
+    def fit(self, X, y, **fit_params) -> DaskBaseDamper:
+        """Train for ``max_epochs`` epochs (afresh unless ``warm_start``).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, ...)
+            numpy, torch tensor, pandas, list or dask array; N-dimensional
+            inputs (images, sequences) are kept as they are.
+        y : array-like of shape (n_samples,) or (n_samples, n_targets)
+
+        Returns
+        -------
+        self
+        """
+        warm = self.warm_start and _is_fitted(self)
+        return self._fit(X, y, epochs=self.max_epochs, fresh=not warm, **fit_params)
+
+    def partial_fit(self, X, y, **fit_params) -> DaskBaseDamper:
+        """Train for exactly one epoch, continuing from the fitted state."""
+        return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), **fit_params)
+
+    def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None):
+        self._check_params()
+        X, y = self._to_arrays(X, y, reset=fresh)
+        y, targets = self._encode_targets(y, fresh=fresh, classes=classes)
+        n_outputs = self._n_outputs(targets, y)
+        if fresh:
+            seed = int(check_random_state(self.random_state).randint(2**31 - 1))
+            module = self._build_module(int(np.prod(X.shape[1:])), n_outputs, seed)
+            criterion = self._build_criterion()
+            self._check_output_shape(module, criterion, X, y, n_outputs)
+            state = {
+                "module_": module,
+                "criterion_": criterion,
+                "optimizer_": self._build_optimizer(module),
+                "damper_": self._build_damper(len(X)),
+                "history_": [],
+                "loop_": LoopState(seed=seed, n_data=len(X)),
+                **targets,
+            }
+        else:
+            if self.module_ is None:
+                raise ValueError("The estimator has no module to continue from.")
+            state = {k: getattr(self, k) for k in ("module_", "criterion_", "optimizer_", "damper_", "loop_")}
+            state["history_"] = list(self.history_)
+            state.update(targets)
+            if state["loop_"].n_data != len(X):
+                state["loop_"] = _resized(state["loop_"], len(X))
+        error = None
+        try:
+            self._train(state, X, y, epochs)
+        except (ConvergenceError, NoWorkersError) as err:
+            error = err
+        if state["history_"] or not fresh:
+            for key, value in state.items():
+                setattr(self, key, value)
+            self.n_iter_ = len(self.history_)
+        if error is not None:
+            raise error
+        return self
+
+    def _train(self, state: dict, X: np.ndarray, y: np.ndarray, epochs: int) -> None:
+        with self._client_context(state) as (client, policy):
+            engine = Engine(
+                client,
+                module=state["module_"],
+                criterion=state["criterion_"],
+                optimizer=state["optimizer_"],
+                damper=state["damper_"],
+                loop=state["loop_"],
+                X=X,
+                y=y,
+                policy=policy,
+                device=str(self.device),
+            )
+            with engine:
+                for _ in range(epochs):
+                    row = engine.run_epoch()
+                    state["history_"].append(row)
+                    if self.verbose:
+                        _print_row(row, header=len(state["history_"]) == 1)
+
+    @contextlib.contextmanager
+    def _client_context(self, state: dict):
+        client = self.client if self.client is not None else _active_client()
+        embedded = client is None
+        scale = self.scale_cluster if self.scale_cluster is not None else embedded
+        max_workers = self.max_workers or (cl.default_n_workers() if embedded else 16)
+        policy = cl.ClusterPolicy(
+            grads_per_worker=self.grads_per_worker,
+            min_workers=self.min_workers,
+            max_workers=max_workers,
+            scale=bool(scale),
+            worker_timeout=float(self.worker_timeout),
+            update_timeout=float(self.update_timeout),
+        )
+        if not embedded:
+            yield client, policy
+            return
+        first = state["damper_"].forecast_batch_size(state["loop_"].epoch)
+        n = policy.wanted(first) if (first and scale) else max_workers
+        with cl.embedded_client(n) as client:
+            yield client, policy
+
+    def _check_output_shape(self, module, criterion, X, y, n_outputs: int) -> None:
+        with torch.no_grad():
+            out = module(torch.from_numpy(X[:2]))
+        target = torch.from_numpy(y[:2])
+        expected = self._expected_output_shape(criterion, target, n_outputs)
+        if expected is not None and tuple(out.shape) != expected:
+            raise ValueError(
+                f"The module's output shape {tuple(out.shape)} does not fit the criterion "
+                f"{type(criterion).__name__}: expected {expected} for targets of shape "
+                f"{tuple(target.shape)}. Change the module's output size."
+            )
+        try:
+            criterion(out, target)
+        except Exception as err:
+            raise ValueError(
+                f"The criterion {type(criterion).__name__} cannot compare the module's output of "
+                f"shape {tuple(out.shape)} with targets of shape {tuple(target.shape)}: {err}"
+            ) from err
+
+    # -------------------------------------------------------------- predict
+    def _forward(self, X) -> np.ndarray:
+        check_is_fitted(self)
+        X = _as_numpy(X)
+        X = validate_data(self, X, reset=False, dtype=np.float32, allow_nd=True)
+        module = self.module_
+        module.eval()
+        outs = []
+        with torch.no_grad():
+            for start in range(0, len(X), 4096):
+                outs.append(module(torch.from_numpy(np.ascontiguousarray(X[start : start + 4096]))))
+        module.train()
+        return torch.cat(outs).double().numpy()
+
+    @property
+    def meta_(self) -> types.MappingProxyType:
+        """Read-only summary of the fitted state (adadamp's ``meta_``)."""
+        check_is_fitted(self)
+        last = self.history_[-1] if self.history_ else {}
+        loop = self.loop_
+        return types.MappingProxyType(
+            {
+                "n_updates": loop.n_updates,
+                "n_samples_seen": loop.n_samples_seen,
+                "epochs": loop.epoch,
+                "batch_size": last.get("batch_size"),
+                "lr": last.get("lr"),
+                "n_workers": last.get("n_workers"),
+                "train_loss": last.get("train_loss"),
+            }
+        )
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["client"] = None
+        return state
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.non_deterministic = str(self.device) != "cpu"
+        return tags
+
+
+class DaskClassifier(ClassifierMixin, DaskBaseDamper):
+    """Classify with a PyTorch module trained on a Dask cluster.
+
+    See :class:`DaskBaseDamper` for the parameters.  Labels may be of any
+    type (strings, ``{3, 7}``); ``classes_`` holds them sorted and the module
+    outputs one score per class.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_digits
+    >>> from adadamp import DaskClassifier
+    >>> X, y = load_digits(return_X_y=True)
+    >>> est = DaskClassifier(max_epochs=5, random_state=0).fit(X, y)  # doctest: +SKIP
+    >>> est.score(X, y) > 0.9  # doctest: +SKIP
+    True
+    """
+
+    _default_criterion = nn.CrossEntropyLoss
+
+    def partial_fit(self, X, y, classes=None) -> DaskClassifier:
+        """Train one epoch; ``classes`` fixes the labels on the first call."""
+        return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), classes=classes)
+
+    def _encode_targets(self, y, *, fresh: bool, classes=None):
+        if y.ndim == 2 and y.shape[1] == 1:
+            warnings.warn(
+                "A column-vector y was passed when a 1d array was expected; it is raveled.",
+                DataConversionWarning,
+                stacklevel=4,
+            )
+            y = y.ravel()
+        if y.ndim != 1:
+            raise ValueError(f"DaskClassifier expects 1-d labels; got y of shape {y.shape}.")
+        check_classification_targets(y)
+        if fresh:
+            known = np.unique(classes) if classes is not None else np.unique(y)
+        else:
+            known = self.classes_
+        codes = np.clip(np.searchsorted(known, y), 0, len(known) - 1)
+        unknown = known[codes] != y
+        if unknown.any():
+            raise ValueError(f"y contains labels not in classes: {np.unique(y[unknown])[:10].tolist()}.")
+        return codes.astype(np.int64), {"classes_": known}
+
+    @staticmethod
+    def _n_outputs(targets: dict, y) -> int:
+        return len(targets["classes_"])
+
+    @staticmethod
+    def _expected_output_shape(criterion, target, n_outputs: int):
+        if isinstance(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)):
+            return (len(target), n_outputs)
+        return None
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Class probabilities, columns in ``classes_`` order."""
+        out = torch.from_numpy(self._forward(X))
+        if isinstance(self.criterion_, nn.NLLLoss):
+            return out.exp().numpy()
+        return torch.softmax(out, dim=1).numpy()
+
+    def predict(self, X) -> np.ndarray:
+        """The most likely label of each example."""
+        check_is_fitted(self)
+        return self.classes_[np.argmax(self._forward(X), axis=1)]
+
+
+class DaskRegressor(RegressorMixin, DaskBaseDamper):
+    """Regress with a PyTorch module trained on a Dask cluster.
+
+    See :class:`DaskBaseDamper` for the parameters.  ``y`` may be 1-d (the
+    module then outputs one column and ``predict`` returns 1-d) or 2-d.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import make_regression
+    >>> from adadamp import DaskRegressor
+    >>> X, y = make_regression(n_features=10, random_state=0)
+    >>> est = DaskRegressor(optimizer__lr=0.01, random_state=0).fit(X, y)  # doctest: +SKIP
+    """
+
+    _default_criterion = nn.MSELoss
+
+    def _encode_targets(self, y, *, fresh: bool, classes=None):
+        y_1d = y.ndim == 1
+        if not fresh and y_1d != self._y_1d:
+            raise ValueError(f"y has {y.ndim} dimension(s) but the estimator was fitted with the other shape.")
+        y = np.ascontiguousarray(y.astype(np.float32).reshape(len(y), -1))
+        return y, {"_y_1d": y_1d}
+
+    @staticmethod
+    def _n_outputs(targets: dict, y) -> int:
+        return y.shape[1]
+
+    @staticmethod
+    def _expected_output_shape(criterion, target, n_outputs: int):
+        return tuple(target.shape)
+
+    def predict(self, X) -> np.ndarray:
+        """Predicted targets, 1-d when ``y`` was 1-d."""
+        out = self._forward(X)
+        return out.ravel() if self._y_1d else out
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+
+# ------------------------------------------------------------------ helpers
+def _is_fitted(est) -> bool:
+    return hasattr(est, "module_")
+
+
+def _as_numpy(X):
+    if isinstance(X, torch.Tensor):
+        return X.detach().cpu().numpy()
+    try:
+        import dask
+
+        if dask.is_dask_collection(X):
+            return np.asarray(X.compute())
+    except ImportError:  # pragma: no cover
+        pass
+    return X
+
+
+def _active_client():
+    """The current Dask client (also inside a task), or None."""
+    from distributed import default_client, get_client
+
+    for find in (default_client, get_client):
+        with contextlib.suppress(ValueError):
+            return find()
+    return None
+
+
+def _resized(loop: LoopState, n_data: int) -> LoopState:
+    """The clock continues in epochs when partial_fit gets data of another size."""
+    return LoopState(
+        seed=loop.seed,
+        n_data=n_data,
+        n_updates=loop.n_updates,
+        n_samples_seen=loop.n_samples_seen,
+        progress=loop.epoch * n_data,
+        data_epoch=loop.data_epoch + (loop.position > 0),
+    )
+
+
+def _construct(factory, params: dict, prefix: str, *args):
+    """Call ``factory(*args, **params)``, naming the routed key on a bad name."""
+    try:
+        return factory(*args, **params)
+    except TypeError as err:
+        accepted = _accepted_names(factory)
+        bad = [k for k in params if accepted is not None and k not in accepted]
+        if bad:
+            hint = _did_you_mean(bad[0], accepted)
+            raise ValueError(
+                f"{prefix}__{bad[0]} is not a parameter of {getattr(factory, '__name__', factory)}.{hint}"
+            ) from err
+        raise ValueError(f"Could not build {prefix} {getattr(factory, '__name__', factory)}: {err}") from err
+
+
+def _accepted_names(factory) -> set[str] | None:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+def _did_you_mean(key: str, known) -> str:
+    for prefix in ROUTED:
+        if key.startswith(prefix + "_") and not key.startswith(prefix + "__"):
+            return f" Did you mean {prefix}__{key[len(prefix) + 1 :]!r}?"
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def _print_row(row: dict, header: bool) -> None:
+    cols = ("epoch", "train_loss", "batch_size", "lr", "n_workers", "n_updates", "dur")
+    if header:
+        print("  ".join(f"{c:>10}" for c in cols))
+    cells = []
+    for c in cols:
+        v = row[c]
+        cells.append(f"{v:>10.4g}" if isinstance(v, float) else f"{v:>10}")
+    print("  ".join(cells), flush=True)

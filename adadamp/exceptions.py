@@ -1,0 +1,11 @@
+"""Errors adadamp raises on purpose."""
+
+from __future__ import annotations
+
+
+class ConvergenceError(ArithmeticError):
+    """The training loss became non-finite; the last finite weights are kept."""
+
+
+class NoWorkersError(RuntimeError):
+    """No Dask worker was left to train on, and none joined in time."""
