@@ -1,7 +1,19 @@
 """adadamp: train PyTorch models on a Dask cluster and grow the batch size while training."""
 
 from . import dampers
-from .dampers import BaseDamper, Constant
+from .dampers import (
+    AdaDamp,
+    AdaScale,
+    BaseDamper,
+    CntsDampLR,
+    Constant,
+    DynamicSGD,
+    GeoDamp,
+    GeoDampLR,
+    GradientDescent,
+    PadaDamp,
+    RadaDamp,
+)
 from .estimators import DaskBaseDamper, DaskClassifier, DaskRegressor
 from .exceptions import ConvergenceError, NoWorkersError
 from .modules import MLP
@@ -10,12 +22,21 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MLP",
+    "AdaDamp",
+    "AdaScale",
     "BaseDamper",
+    "CntsDampLR",
     "Constant",
     "ConvergenceError",
     "DaskBaseDamper",
     "DaskClassifier",
     "DaskRegressor",
+    "DynamicSGD",
+    "GeoDamp",
+    "GeoDampLR",
+    "GradientDescent",
     "NoWorkersError",
+    "PadaDamp",
+    "RadaDamp",
     "dampers",
 ]

@@ -41,6 +41,8 @@ Learning-rate rules for a changing batch size (they wrap a batch schedule):
 
 Every damper accepts ``momentum`` (None, a float, a callable
 ``momentum(n_workers, batch_size)`` or ``"tang"``, see :func:`tang_momentum`).
+Callables given as parameters must be module-level functions if the damper is
+to be pickled (checkpoints); lambdas clone but do not pickle.
 
 :func:`simulate_schedule` and :func:`count_updates` run a damper through the
 engine's epoch loop without any model (schedules, update counts).
@@ -362,11 +364,20 @@ class _DampingSchedule(BaseDamper):
         B_t = min(ceil(D_t), cap),   lr_factor_t = cap / D_t if D_t > cap else 1
 
     so that ``B_t / lr_t == D_t / lr_0`` whenever the cap is active.  ``cap``
-    is ``max_batch_size``, or ``n_data`` when ``max_batch_size`` is None (a
-    batch cannot hold more examples than the data set).
+    is ``min(max_batch_size, n_data)`` (``n_data`` when ``max_batch_size`` is
+    None: a batch cannot hold more examples than the data set, so beyond it
+    the damping continues as a learning-rate decay), but never below
+    ``initial`` (no decay at the start on a tiny data set).
 
     Fitted attributes: ``damping_`` (the last ``D_t``), ``cap_``, ``n_data_``.
+
+    Adaptive subclasses (``_adaptive = True``) update their averages in
+    ``_damping``; a repeated ``next_batch_size`` call for the same
+    ``state.n_updates`` (the engine may ask once more to size the cluster)
+    then returns the same batch without observing the state twice.
     """
+
+    _adaptive = False
 
     def _max_batch_size(self):
         return self.max_batch_size
@@ -396,8 +407,10 @@ class _DampingSchedule(BaseDamper):
         _check_momentum(self.momentum, name)
         self._validate()
         self.n_data_ = int(n_data)
-        self.cap_ = int(mbs) if mbs is not None else int(n_data)
+        cap = int(n_data) if mbs is None else min(int(mbs), int(n_data))
+        self.cap_ = max(int(self.initial), cap)
         self.damping_ = float(self.initial)
+        self.last_update_ = None
         self._reset_state()
         return self
 
@@ -407,9 +420,11 @@ class _DampingSchedule(BaseDamper):
         return max(1, _ceil(damping))
 
     def next_batch_size(self, state: TrainState) -> int:
-        damping = float(self._damping(state))
-        if math.isfinite(damping) and damping > 0:
-            self.damping_ = damping
+        if not (self._adaptive and state.n_updates == self.last_update_):
+            damping = float(self._damping(state))
+            if math.isfinite(damping) and damping > 0:
+                self.damping_ = damping
+            self.last_update_ = state.n_updates
         return self._batch_for(self.damping_, self.cap_)
 
     def plan_update(
@@ -453,8 +468,8 @@ class GeoDamp(_DampingSchedule):
     factor : float, default=2
         Growth factor (>= 1); 1 means a constant batch.
     max_batch_size : int or None, default=None
-        Largest batch; beyond it the learning rate decays instead.  None caps
-        at the data set size.
+        Largest batch; beyond it the learning rate decays instead.  None is
+        the data set size (the cap is never above it, nor below ``initial``).
     momentum : None, float, callable or "tang", default=None
         Momentum rule (see :func:`tang_momentum`).
 
@@ -588,7 +603,7 @@ class PadaDamp(_DampingSchedule):
         Examples added per model update (>= 0).
     max_batch_size : int or None, default=None
         Largest batch; beyond it the learning rate decays by
-        ``max_batch_size / D`` instead.  None caps at the data set size.
+        ``max_batch_size / D`` instead.  None is the data set size.
     momentum : None, float, callable or "tang", default=None
         Momentum rule (see :func:`tang_momentum`).
 
@@ -702,7 +717,7 @@ class AdaDamp(_DampingSchedule):
         Memory of the loss average, in [0, 1); 0 uses the last batch loss.
     max_batch_size : int or None, default=None
         Largest batch; beyond it the learning rate decays by
-        ``max_batch_size / D`` instead.  None caps at the data set size.
+        ``max_batch_size / D`` instead.  None is the data set size.
     momentum : None, float, callable or "tang", default=None
         Momentum rule (see :func:`tang_momentum`).
 
@@ -725,6 +740,8 @@ class AdaDamp(_DampingSchedule):
     >>> d.next_batch_size(TrainState(2, 20, 0.02, 1000, 1, loss=0.5))
     40
     """
+
+    _adaptive = True
 
     def __init__(
         self,
@@ -811,7 +828,7 @@ class RadaDamp(_DampingSchedule):
         Updates used to measure ``L_0`` and ``G_0`` (>= 1).
     max_batch_size : int or None, default=None
         Largest batch; beyond it the learning rate decays by
-        ``max_batch_size / D`` instead.  None caps at the data set size.
+        ``max_batch_size / D`` instead.  None is the data set size.
     momentum : None, float, callable or "tang", default=None
         Momentum rule (see :func:`tang_momentum`).
 
@@ -838,6 +855,7 @@ class RadaDamp(_DampingSchedule):
 
     #: The squared norm of the batch gradient is read from ``GradStats``.
     needs_grad_stats = True
+    _adaptive = True
 
     def __init__(
         self,

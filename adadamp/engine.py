@@ -62,6 +62,7 @@ class LoopState:
     progress: float = 0.0
     data_epoch: int = 0
     position: int = 0
+    last_loss: float | None = None
 
     @property
     def epoch(self) -> float:
@@ -259,7 +260,9 @@ class Engine:
     # ------------------------------------------------------------------ training
     def _train_state(self) -> TrainState:
         lp = self.loop
-        return TrainState(lp.n_updates, lp.n_samples_seen, lp.epoch, lp.n_data, max(1, len(self.workers)))
+        return TrainState(
+            lp.n_updates, lp.n_samples_seen, lp.epoch, lp.n_data, max(1, len(self.workers)), loss=lp.last_loss
+        )
 
     def _take(self, batch_size: int) -> np.ndarray:
         lp = self.loop
@@ -329,11 +332,12 @@ class Engine:
         t_back = time.perf_counter()
 
         grad = replies[0]["grad"].copy() if len(replies) > 1 else replies[0]["grad"]
-        for r in replies[1:]:
-            grad += r["grad"]
         n = sum(r["n"] for r in replies)
         loss = sum(r["loss_sum"] for r in replies) / n
-        np.multiply(grad, 1.0 / n, out=self.grads_np)
+        with np.errstate(invalid="ignore", over="ignore"):
+            for r in replies[1:]:
+                grad += r["grad"]
+            np.multiply(grad, 1.0 / n, out=self.grads_np)
         if not math.isfinite(loss) or not np.isfinite(self.grads_np).all():
             self.flat.copy_(self._backup)
             raise ConvergenceError(
@@ -362,6 +366,7 @@ class Engine:
         lp.n_updates += 1
         lp.n_samples_seen += int(n)
         lp.progress += float(n if plan.progress is None else plan.progress)
+        lp.last_loss = loss
         round_trip = t_back - t_sent
         return {
             "batch_size": int(n),

@@ -342,18 +342,18 @@ class DaskBaseDamper(BaseEstimator):
             state.update(targets)
             if state["loop_"].n_data != len(X):
                 state["loop_"] = _resized(state["loop_"], len(X))
-        error = None
         try:
             self._train(state, X, y, epochs)
-        except (ConvergenceError, NoWorkersError) as err:
-            error = err
-        if state["history_"] or not fresh:
-            for key, value in state.items():
-                setattr(self, key, value)
-            self.n_iter_ = len(self.history_)
-        if error is not None:
-            raise error
+        except (ConvergenceError, NoWorkersError):
+            self._commit(state)  # training stopped, but with the last good weights
+            raise
+        self._commit(state)
         return self
+
+    def _commit(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+        self.n_iter_ = len(self.history_)
 
     def _train(self, state: dict, X: np.ndarray, y: np.ndarray, epochs: int) -> None:
         with self._client_context(state) as (client, policy):
@@ -637,7 +637,7 @@ def _accepted_names(factory) -> set[str] | None:
 def _did_you_mean(key: str, known) -> str:
     for prefix in ROUTED:
         if key.startswith(prefix + "_") and not key.startswith(prefix + "__"):
-            return f" Did you mean {prefix}__{key[len(prefix) + 1 :]!r}?"
+            return f" Did you mean {prefix + '__' + key[len(prefix) + 1 :]!r}?"
     close = difflib.get_close_matches(key, sorted(known), n=1)
     return f" Did you mean {close[0]!r}?" if close else ""
 

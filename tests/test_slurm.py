@@ -1,0 +1,561 @@
+"""adadamp on a real SLURM: dask-jobqueue's SLURMCluster against slurmctld/slurmd on localhost.
+
+``tests/slurm/start.sh`` installs Debian's slurm-wlm and munge when they are missing and starts
+a single-node SLURM (once per module; ``tests/slurm/stop.sh`` stops what it started unless
+``ADADAMP_SLURM_KEEP=1``).  Where SLURM cannot start (not root, no apt-get, not Linux) the tests
+skip with the reason -- unless the environment variable ``CI`` is set: then they fail, because CI
+must run them.
+
+Every dask worker is one SLURM job (``cores=1, processes=1``).  Each test prints a line
+``SLURM jobs submitted: N, finished: M (...)`` to the terminal (also under ``pytest -q``), and
+the module prints the totals at its end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import adadamp
+from adadamp.dampers import GeoDamp
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+START = HERE / "slurm" / "start.sh"
+STOP = HERE / "slurm" / "stop.sh"
+START_TIMEOUT = 420  # seconds; the first start may install packages with apt-get
+FINISHED = {
+    "COMPLETED",
+    "CANCELLED",
+    "FAILED",
+    "TIMEOUT",
+    "PREEMPTED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "DEADLINE",
+    "BOOT_FAIL",
+}
+
+# The test module is not importable inside the SLURM jobs: ship SlowLinear by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class SlowLinear(nn.Module):
+    """A linear model whose training forward pass sleeps, so a fit lasts long enough to
+    watch jobs join, get cancelled and rotate (the update time is ~``delay`` seconds,
+    whatever the batch size and the number of workers)."""
+
+    def __init__(self, n_features: int = 10, delay: float = 0.05):
+        super().__init__()
+        self.linear = nn.Linear(n_features, 1)
+        self.delay = delay
+
+    def forward(self, x):
+        if self.training and self.delay:
+            time.sleep(self.delay)
+        return self.linear(x)
+
+
+# ------------------------------------------------------------------------ reporting
+def _ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _say(config, line: str) -> None:
+    """Print to the terminal even under output capture (pytest -q shows it in CI's log)."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    ctx = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
+    with ctx:
+        print(f"\n{line}", flush=True)
+
+
+_TOTALS: dict[str, dict[str, str]] = {}
+
+
+@pytest.fixture(scope="module")
+def slurm(request):
+    """Start the single-node SLURM (tests/slurm/start.sh); skip (fail under CI) if it cannot."""
+    reason = None
+    if not sys.platform.startswith("linux"):
+        reason = f"SLURM tests need Linux (this is {sys.platform})"
+    else:
+        try:
+            proc = subprocess.run(
+                ["bash", str(START)], check=False, capture_output=True, text=True, timeout=START_TIMEOUT
+            )
+        except subprocess.TimeoutExpired as err:
+            tail = (err.stderr or b"")[-1500:]
+            tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+            reason = f"tests/slurm/start.sh did not finish within {START_TIMEOUT} s: {tail.strip()}"
+        else:
+            if proc.returncode != 0:
+                tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+                reason = f"SLURM could not be started (tests/slurm/start.sh exit {proc.returncode}):\n{tail}"
+    if reason is not None:
+        if _ci():
+            pytest.fail(f"{reason}\n(CI is set: the SLURM tests must run in CI)", pytrace=False)
+        pytest.skip(reason)
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    started_here = "started: nothing" not in last
+    _say(request.config, f"[slurm] {last}")
+    yield
+    if _TOTALS:
+        states: dict[str, int] = {}
+        for jobs in _TOTALS.values():
+            for state in jobs.values():
+                states[state] = states.get(state, 0) + 1
+        n_done = sum(v for k, v in states.items() if k in FINISHED)
+        _say(
+            request.config,
+            f"[slurm] all SLURM tests: SLURM jobs submitted: {sum(map(len, _TOTALS.values()))}, "
+            f"finished: {n_done} ({_fmt(states)})",
+        )
+    if started_here and os.environ.get("ADADAMP_SLURM_KEEP", "") in ("", "0"):
+        subprocess.run(["bash", str(STOP)], check=False, capture_output=True, text=True, timeout=120)
+
+
+def _fmt(states: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"
+
+
+# --------------------------------------------------------------------- SLURM queries
+def _run(*cmd: str) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+def slurm_jobs(job_name: str, log_dir: Path | None = None) -> dict[str, str]:
+    """Job id -> SLURM state of every job named ``job_name`` (finished ones included:
+    slurm.conf keeps them for MinJobAge=900 s); job ids found only in the log directory
+    (``<job_name>-<id>.out``) count as finished."""
+    jobs = {}
+    for line in _run("squeue", "-h", "--states=all", f"--name={job_name}", "-o", "%i %T").splitlines():
+        job_id, state = line.split()
+        jobs[job_id] = state
+    if log_dir is not None:
+        for f in log_dir.glob(f"{job_name}-*.out"):
+            jobs.setdefault(f.stem.rsplit("-", 1)[1], "PURGED")
+    return jobs
+
+
+def active_jobs(job_name: str) -> dict[str, str]:
+    return {k: v for k, v in slurm_jobs(job_name).items() if v not in FINISHED}
+
+
+def poll(predicate, timeout: float, what: str, interval: float = 0.25):
+    """Call ``predicate`` until it returns a true value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Jobs:
+    """The SLURM jobs of one SLURMCluster, for assertions and the CI log line."""
+
+    def __init__(self, job_name: str, log_dir: Path):
+        self.job_name = job_name
+        self.log_dir = log_dir
+
+    def states(self) -> dict[str, str]:
+        return slurm_jobs(self.job_name, self.log_dir)
+
+    def active(self) -> dict[str, str]:
+        return active_jobs(self.job_name)
+
+    def running(self) -> dict[str, str]:
+        return {k: v for k, v in self.states().items() if v == "RUNNING"}
+
+    def wait_all_ended(self, timeout: float = 60.0) -> dict[str, str]:
+        poll(lambda: not self.active(), timeout, f"all jobs of {self.job_name} to end (still: {self.active()})")
+        return self.states()
+
+    def report(self, config, label: str) -> dict[str, str]:
+        jobs = self.states()
+        _TOTALS[label] = jobs
+        counts: dict[str, int] = {}
+        for state in jobs.values():
+            counts[state] = counts.get(state, 0) + 1
+        done = sum(v for k, v in counts.items() if k in FINISHED or k == "PURGED")
+        _say(config, f"[slurm] {label}: SLURM jobs submitted: {len(jobs)}, finished: {done} ({_fmt(counts)})")
+        return jobs
+
+
+@contextlib.contextmanager
+def slurm_cluster(tmp_path: Path, label: str, **options):
+    """A SLURMCluster (one 1-core worker per job) and a client; all jobs end on exit."""
+    from dask_jobqueue import SLURMCluster
+    from distributed import Client
+
+    job_name = f"adadamp-{label}-{uuid.uuid4().hex[:6]}"
+    log_dir = tmp_path / "slurm-logs"
+    kwargs = {
+        "cores": 1,
+        "processes": 1,
+        "memory": "1GiB",
+        "walltime": "00:05:00",
+        "interface": "lo",
+        "log_directory": str(log_dir),
+        "job_name": job_name,
+        "scheduler_options": {"dashboard_address": ":0"},
+        # The jobs run the test's python (sys.executable) from the submit directory;
+        # make adadamp importable whether or not it is pip-installed.
+        "job_script_prologue": [f"export PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}", "export OMP_NUM_THREADS=1"],
+        **options,
+    }
+    cluster = SLURMCluster(**kwargs)
+    client = Client(cluster, set_as_default=False)
+    jobs = Jobs(job_name, log_dir)
+    try:
+        yield cluster, client, jobs
+    finally:
+        with contextlib.suppress(Exception):
+            cluster.scale(0)
+        with contextlib.suppress(Exception):
+            jobs.wait_all_ended(60)
+        with contextlib.suppress(Exception):
+            client.close()
+        with contextlib.suppress(Exception):
+            cluster.close()
+        leftover = active_jobs(job_name)
+        if leftover:  # never leave jobs behind on the shared SLURM
+            subprocess.run(["scancel", *leftover], check=False, capture_output=True, timeout=30)
+
+
+@contextlib.contextmanager
+def engine_log():
+    """Collect the adadamp logger's records (warnings about lost workers, scaling)."""
+    records: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record):
+            records.append(f"{record.created:.3f} {record.levelname} {record.getMessage()}")
+
+    handler = _Keep(level=logging.INFO)
+    logger = logging.getLogger("adadamp")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+def regression_data(n: int = 512, n_features: int = 10):
+    from sklearn.datasets import make_regression
+
+    X, y = make_regression(n_samples=n, n_features=n_features, noise=1.0, random_state=0)
+    return X.astype(np.float32), (y / y.std()).astype(np.float32)
+
+
+def workers_per_update(est) -> list[int]:
+    return [u["n_workers"] for row in est.history_ for u in row["updates"]]
+
+
+def fit_in_thread(est, X, y):
+    """Start ``est.fit(X, y)`` in a thread; returns (thread, outcome dict)."""
+    outcome: dict = {}
+
+    def target():
+        t0 = time.monotonic()
+        try:
+            est.fit(X, y)
+        except BaseException as err:  # noqa: BLE001 -- reported by the test
+            outcome["error"] = err
+        outcome["duration"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=target, name="adadamp-fit", daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _blocks_held() -> int:
+    """On a worker: adadamp data blocks resident for any fit."""
+    from adadamp import _worker
+
+    return sum(len(state.blocks) for state in _worker._FITS.values())
+
+
+def workers_with_data(client) -> dict[str, int]:
+    try:
+        held = client.run(_blocks_held, on_error="return")
+    except Exception:  # noqa: BLE001 -- a worker going away mid-call
+        return {}
+    return {w: n for w, n in held.items() if isinstance(n, int) and n > 0}
+
+
+def job_of(cluster, client, address: str) -> str | None:
+    name = client.scheduler_info(n_workers=-1)["workers"].get(address, {}).get("name")
+    job = cluster.workers.get(name)
+    return getattr(job, "job_id", None)
+
+
+# ---------------------------------------------------------------------------- tests
+def test_fit_grows_trains_shrinks_and_jobs_end(slurm, tmp_path, request):
+    """GeoDamp doubles the batch every epoch (32 -> 64 -> 128); with grads_per_worker=32 the
+    engine asks for 1 -> 2 -> 3 workers = SLURM jobs.  A second fit with a small constant
+    batch on the same cluster shrinks it to one job; scale(0) ends the rest."""
+    X, y = regression_data()
+    with slurm_cluster(tmp_path, "grow") as (cluster, client, jobs), engine_log() as log:
+        est = adadamp.DaskRegressor(
+            module=SlowLinear,
+            module__delay=0.1,
+            optimizer=torch.optim.SGD,
+            optimizer__lr=0.05,
+            batch_size=GeoDamp,
+            batch_size__initial=32,
+            batch_size__delay=1,
+            batch_size__factor=2,
+            batch_size__max_batch_size=128,
+            client=client,
+            scale_cluster=True,
+            grads_per_worker=32,
+            min_workers=1,
+            max_workers=3,
+            max_epochs=6,
+            worker_timeout=90,
+            update_timeout=60,
+            random_state=0,
+        )
+        t0 = time.monotonic()
+        est.fit(X, y)
+        fit_s = time.monotonic() - t0
+        per_update = workers_per_update(est)
+        batches = [u["batch_size"] for row in est.history_ for u in row["updates"]]
+        _say(
+            request.config,
+            f"[slurm] grow: fit {fit_s:.1f} s, {len(per_update)} updates, batch sizes "
+            f"{sorted(set(batches))}, workers per update {_runs(per_update)}",
+        )
+        assert len(est.history_) == 6
+        assert {"n_workers", "updates"} <= set(est.history_[0])
+        assert all({"n_workers", "batch_size"} <= set(u) for row in est.history_ for u in row["updates"])
+        assert sorted(set(batches)) == [32, 64, 128], batches
+        assert max(per_update) >= 2, f"the cluster never grew: workers per update {per_update}"
+        assert per_update[0] < max(per_update), per_update
+        assert max(per_update) == 3, f"3 workers (max_workers) were wanted for batch 128: {per_update}"
+        assert len(jobs.states()) >= 3, jobs.states()
+        losses = [row["train_loss"] for row in est.history_]
+        assert losses[-1] < losses[0], losses
+        assert np.isfinite(est.predict(X)).all()
+
+        # Shrink: a fit with batch 32 wants one worker (= one job).
+        small = adadamp.DaskRegressor(
+            module=SlowLinear,
+            module__delay=0.02,
+            optimizer=torch.optim.SGD,
+            optimizer__lr=0.05,
+            batch_size=32,
+            client=client,
+            scale_cluster=True,
+            grads_per_worker=32,
+            min_workers=1,
+            max_workers=3,
+            max_epochs=2,
+            worker_timeout=90,
+            update_timeout=60,
+            random_state=0,
+        )
+        small.fit(X, y)
+        shrunk = workers_per_update(small)
+        _say(request.config, f"[slurm] shrink: workers per update {_runs(shrunk)}, active jobs {jobs.active()}")
+        assert shrunk[-1] == 1, shrunk
+        poll(lambda: len(jobs.active()) == 1, 60, f"the cluster to shrink to one job ({jobs.active()})")
+
+        cluster.scale(0)
+        final = jobs.wait_all_ended(60)
+        assert not jobs.active()
+        assert len(est.history_) == 6
+        if log:
+            _say(request.config, "[slurm] grow: engine log:\n  " + "\n  ".join(log[-15:]))
+    jobs.report(request.config, "grow+shrink")
+    assert all(state in FINISHED or state == "PURGED" for state in final.values()), final
+
+
+def _runs(values: list[int]) -> str:
+    """Run-length form of a sequence: '1x3 2x10 3x20'."""
+    out = []
+    for v in values:
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return " ".join(f"{v}x{n}" for v, n in out)
+
+
+@pytest.fixture(scope="module")
+def preempted_fit(slurm, tmp_path_factory, request):
+    """A fit on 2 SLURM jobs; once both hold data, one job is scancelled (preemption)."""
+    tmp_path = tmp_path_factory.mktemp("preempt")
+    X, y = regression_data()
+    result: dict = {}
+    with slurm_cluster(tmp_path, "preempt") as (cluster, client, jobs), engine_log() as log:
+        est = adadamp.DaskRegressor(
+            module=SlowLinear,
+            module__delay=0.1,
+            optimizer=torch.optim.SGD,
+            optimizer__lr=0.05,
+            batch_size=64,
+            client=client,
+            scale_cluster=True,
+            grads_per_worker=32,
+            min_workers=1,
+            max_workers=2,
+            max_epochs=40,  # 8 updates per epoch, ~0.1 s each: ~35 s of training
+            worker_timeout=90,
+            update_timeout=30,
+            random_state=0,
+        )
+        thread, outcome = fit_in_thread(est, X, y)
+        t0 = time.monotonic()
+
+        def two_workers_with_data():
+            if not thread.is_alive():
+                return None
+            held = workers_with_data(client)
+            return held if len(held) >= 2 and len(jobs.running()) >= 2 else None
+
+        held = poll(two_workers_with_data, 90, "two SLURM workers holding training data")
+        victim_addr = max(held)
+        victim = job_of(cluster, client, victim_addr)
+        assert victim is not None, (victim_addr, held)
+        result["cancelled_after_s"] = time.monotonic() - t0
+        result["victim"] = victim
+        subprocess.run(["scancel", victim], check=True, timeout=30)
+        thread.join(300)
+        result["alive"] = thread.is_alive()
+        result.update(outcome)
+        result["est"] = est
+        result["states_before_close"] = jobs.states()
+        result["log"] = list(log)
+        cluster.scale(0)
+        with contextlib.suppress(AssertionError):
+            jobs.wait_all_ended(60)
+    result["jobs"] = jobs.report(request.config, "preemption")
+    per_update = workers_per_update(est) if hasattr(est, "history_") else []
+    _say(
+        request.config,
+        f"[slurm] preemption: scancel job {result['victim']} after {result['cancelled_after_s']:.1f} s; "
+        f"fit {'still running' if result['alive'] else 'ended'} after {result.get('duration', float('nan')):.1f} s "
+        f"({'error: ' + repr(result['error']) if 'error' in result else 'no error'}); "
+        f"workers per update {_runs(per_update)}; jobs {result['states_before_close']}",
+    )
+    if result["log"]:
+        _say(request.config, "[slurm] preemption: engine log:\n  " + "\n  ".join(result["log"][-15:]))
+    return result
+
+
+def test_scancel_mid_fit_does_not_fail_the_fit(preempted_fit):
+    r = preempted_fit
+    assert not r["alive"], "the fit did not finish within 300 s after the scancel"
+    assert "error" not in r, f"the fit failed after job {r['victim']} was cancelled: {r['error']!r}"
+    est = r["est"]
+    assert len(est.history_) == 40
+    per_update = workers_per_update(est)
+    assert 2 in per_update, per_update
+    # Training went on after the cancelled job's worker was lost: some update after the
+    # last two-worker stretch ran on one worker.
+    first_two = per_update.index(2)
+    assert 1 in per_update[first_two:], f"no update ran after the worker was lost: {_runs(per_update)}"
+    assert r["jobs"][r["victim"]] == "CANCELLED", r["jobs"]
+    losses = [row["train_loss"] for row in est.history_]
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < losses[0], losses
+
+
+def test_cancelled_job_is_replaced(preempted_fit):
+    """The engine should ask SLURM for a replacement job and train on 2 workers again."""
+    r = preempted_fit
+    if "error" in r or r["alive"]:
+        pytest.fail("the preempted fit itself failed (see test_scancel_mid_fit_does_not_fail_the_fit)")
+    per_update = workers_per_update(r["est"])
+    first_two = per_update.index(2)
+    after_loss = per_update[first_two + per_update[first_two:].index(1) :]
+    assert len(r["jobs"]) >= 3, (
+        f"no replacement job was submitted after job {r['victim']} was cancelled "
+        f"(jobs {r['jobs']}, workers per update {_runs(per_update)}): the fit trained on the "
+        "remaining worker to the end"
+    )
+    assert 2 in after_loss, f"the fit never got back to 2 workers: {_runs(per_update)}"
+
+
+def test_workers_rotate_before_walltime(slurm, tmp_path, request):
+    """Dask's worker lifetime (< walltime) retires each worker gracefully before SLURM's
+    walltime would kill it; the fit goes on with replacement jobs and loses no progress."""
+    X, y = regression_data()
+    with (
+        slurm_cluster(
+            tmp_path,
+            "lifetime",
+            walltime="00:01:00",
+            worker_extra_args=["--lifetime", "25s", "--lifetime-stagger", "5s"],
+        ) as (cluster, client, jobs),
+        engine_log() as log,
+    ):
+        est = adadamp.DaskRegressor(
+            module=SlowLinear,
+            module__delay=0.1,
+            optimizer=torch.optim.SGD,
+            optimizer__lr=0.05,
+            batch_size=64,
+            client=client,
+            scale_cluster=True,
+            grads_per_worker=32,
+            min_workers=1,
+            max_workers=2,
+            max_epochs=60,  # 8 updates per epoch, ~0.1 s each: ~55 s, beyond two lifetimes
+            worker_timeout=60,
+            update_timeout=30,
+            random_state=0,
+        )
+        t0 = time.monotonic()
+        error = None
+        try:
+            est.fit(X, y)
+        except Exception as err:  # noqa: BLE001 -- reported below
+            error = err
+        fit_s = time.monotonic() - t0
+        states = jobs.states()
+        per_update = workers_per_update(est) if hasattr(est, "history_") else []
+        _say(
+            request.config,
+            f"[slurm] lifetime: fit {fit_s:.1f} s ({'error: ' + repr(error) if error else 'no error'}); "
+            f"workers per update {_runs(per_update)}; jobs {states}",
+        )
+        if log:
+            _say(request.config, "[slurm] lifetime: engine log:\n  " + "\n  ".join(log[-20:]))
+        cluster.scale(0)
+        with contextlib.suppress(AssertionError):
+            jobs.wait_all_ended(60)
+    jobs_final = jobs.report(request.config, "lifetime")
+    assert error is None, f"the fit failed while workers rotated: {error!r}"
+    assert len(est.history_) == 60
+    assert est.loop_.n_updates == sum(len(row["updates"]) for row in est.history_)
+    losses = [row["train_loss"] for row in est.history_]
+    assert losses[-1] < losses[0], losses
+    # Workers left by their lifetime (job COMPLETED), not by SLURM's walltime (TIMEOUT),
+    # and new jobs replaced them.
+    assert "TIMEOUT" not in jobs_final.values(), jobs_final
+    assert list(states.values()).count("COMPLETED") >= 2, states
+    assert len(jobs_final) >= 3, jobs_final
