@@ -1,24 +1,38 @@
-"""adadamp: train PyTorch models on a Dask cluster and grow the batch size while training."""
+"""adadamp: train PyTorch models on a Dask cluster and grow the batch size while training.
 
-from . import dampers
-from .dampers import (
-    AdaDamp,
-    AdaScale,
-    BaseDamper,
-    CntsDampLR,
-    Constant,
-    DynamicSGD,
-    GeoDamp,
-    GeoDampLR,
-    GradientDescent,
-    PadaDamp,
-    RadaDamp,
-)
-from .estimators import DaskBaseDamper, DaskClassifier, DaskRegressor
-from .exceptions import ConvergenceError, NoWorkersError
-from .modules import MLP
+Names are imported lazily (PEP 562), so Dask workers, which only need
+``adadamp._worker``, start without importing scikit-learn.
+"""
+
+from importlib import import_module
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "DaskBaseDamper": "estimators",
+    "DaskClassifier": "estimators",
+    "DaskRegressor": "estimators",
+    "ConvergenceError": "exceptions",
+    "NoWorkersError": "exceptions",
+    "MLP": "modules",
+    **{
+        name: "dampers"
+        for name in (
+            "AdaDamp",
+            "AdaScale",
+            "BaseDamper",
+            "CntsDampLR",
+            "Constant",
+            "DynamicSGD",
+            "GeoDamp",
+            "GeoDampLR",
+            "GradientDescent",
+            "PadaDamp",
+            "RadaDamp",
+        )
+    },
+}
+_SUBMODULES = ("callbacks", "checkpoint", "cluster", "dampers", "engine", "estimators", "simulate")
 
 __all__ = [
     "MLP",
@@ -39,4 +53,17 @@ __all__ = [
     "PadaDamp",
     "RadaDamp",
     "dampers",
+    "simulate",
 ]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    if name in _SUBMODULES:
+        return import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'adadamp' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

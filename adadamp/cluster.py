@@ -38,6 +38,11 @@ class ClusterPolicy:
     prescale_epochs : float
         How far ahead (in epochs) a known schedule is read to ask for
         workers before the batch grows, hiding queue waits.
+    scale_wait : float
+        When the batch outgrows the live workers, seconds to wait (once per
+        size) for the workers asked for; training then goes on with the
+        workers that came.  Queue waits longer than this are hidden by
+        asking ahead (``prescale_epochs``), never by blocking.
     worker_timeout : float
         Seconds to wait for a first worker when none is alive.
     update_timeout : float
@@ -50,6 +55,7 @@ class ClusterPolicy:
     max_workers: int = 16
     scale: bool = False
     prescale_epochs: float = 1.0
+    scale_wait: float = 30.0
     worker_timeout: float = 60.0
     update_timeout: float = 120.0
 

@@ -44,6 +44,7 @@ from .exceptions import ConvergenceError, NoWorkersError
 
 logger = logging.getLogger("adadamp")
 
+MEMBERSHIP_INTERVAL = 0.5  # seconds between looks at the scheduler's worker list
 _LOST = (OSError, CommClosedError, asyncio.TimeoutError, TimeoutError, EOFError)
 
 
@@ -114,6 +115,7 @@ class Engine:
         self._payload = None
         self._last_refresh = -math.inf
         self._requested: int | None = None
+        self._waited_for = 0
         for group in optimizer.param_groups:
             group.setdefault("adadamp_base_lr", group["lr"])
 
@@ -125,10 +127,10 @@ class Engine:
         self._backup = self.flat.clone()
         self._payload = cloudpickle.dumps((self.module, self.criterion, self.device))
         self.client.register_plugin(TrainerPlugin(), name=TrainerPlugin.name)
-        if self.policy.scale:
-            batch = self.damper.next_batch_size(self._train_state())
-            self._scale_to(self.policy.wanted(int(batch)))
         self._refresh_membership(force=True)
+        if self.policy.scale:
+            batch = self.damper.forecast_batch_size(self.loop.epoch) or self.damper.next_batch_size(self._train_state())
+            self._scale_to(self.policy.wanted(int(batch)))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -158,7 +160,7 @@ class Engine:
     def _refresh_membership(self, force: bool = False, lost: tuple[str, ...] = ()) -> None:
         """Drop lost workers, set up new ones, and rebalance the data blocks."""
         now = time.monotonic()
-        if not force and not lost and now - self._last_refresh < 1.0:
+        if not force and not lost and now - self._last_refresh < MEMBERSHIP_INTERVAL:
             return
         self._last_refresh = now
         live = cl.live_workers(self.client)
@@ -251,11 +253,21 @@ class Engine:
             victims = self.workers[n:]
             self._rebalance(self.workers[:n])
             cl.retire(self.client, victims, n)
-        elif not cl.request_workers(self.client, n):
+        elif n > len(live) and not cl.request_workers(self.client, n):
             logger.warning("the Dask client has no cluster to scale; using the workers it has")
             self.policy = dataclasses.replace(self.policy, scale=False)
             return
+        logger.info("asked the cluster for %d workers (%d live)", n, len(live))
         self._requested = n
+
+    def _wait_for_growth(self, wanted: int) -> None:
+        """When the batch outgrows the cluster, wait (bounded, once) for the workers asked for."""
+        if len(self.workers) >= wanted or self._waited_for >= wanted:
+            return
+        self._waited_for = wanted
+        with contextlib.suppress(TimeoutError):
+            self.client.wait_for_workers(wanted, timeout=self.policy.scale_wait)
+        self._refresh_membership(force=True)
 
     # ------------------------------------------------------------------ training
     def _train_state(self) -> TrainState:
@@ -325,6 +337,7 @@ class Engine:
         if self.policy.scale:
             ahead = self.damper.forecast_batch_size(state.epoch + self.policy.prescale_epochs) or 0
             self._scale_to(self.policy.wanted(max(batch_size, ahead)))
+            self._wait_for_growth(self.policy.wanted(batch_size))
         idx = self._take(batch_size)
         n_chunks = 2 if self.damper.needs_grad_stats else 1
         t_sent = time.perf_counter()
@@ -395,14 +408,21 @@ class Engine:
                     group["betas"] = (plan.momentum, group["betas"][1])
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def run_epoch(self) -> dict:
-        """Updates until the epoch clock passes the next whole epoch."""
+    def run_epoch(self, updates: list | None = None, on_update=None) -> dict:
+        """Updates until the epoch clock passes the next whole epoch.
+
+        ``updates`` holds the records of this epoch's earlier updates when
+        resuming mid-epoch; ``on_update(updates)`` runs after every update.
+        """
         start = time.perf_counter()
         lp = self.loop
         target = (math.floor(lp.epoch + 1e-9) + 1) * lp.n_data
-        updates = []
+        updates = list(updates or [])
+        earlier = sum(u["update_time"] for u in updates)
         while lp.progress < target - 1e-6:
             updates.append(self.update())
+            if on_update is not None:
+                on_update(updates)
         n = sum(u["batch_size"] for u in updates)
         return {
             "epoch": round(target / lp.n_data),
@@ -412,6 +432,6 @@ class Engine:
             "n_workers": updates[-1]["n_workers"],
             "n_updates": lp.n_updates,
             "n_samples_seen": lp.n_samples_seen,
-            "dur": time.perf_counter() - start,
+            "dur": earlier + time.perf_counter() - start,
             "updates": updates,
         }

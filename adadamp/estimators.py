@@ -12,7 +12,9 @@ import contextlib
 import copy
 import difflib
 import inspect
+import json
 import numbers
+import os
 import types
 import warnings
 
@@ -25,6 +27,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
 
+from . import checkpoint
 from . import cluster as cl
 from .dampers import BaseDamper, Constant
 from .engine import Engine, LoopState
@@ -89,11 +92,24 @@ class DaskBaseDamper(BaseEstimator):
     scale_cluster : bool or None, default=None
         Grow and shrink the cluster with the batch size (``cluster.scale``).
         None: yes for the embedded cluster, no for a cluster you passed.
+    scale_wait : float, default=30
+        When the batch outgrows the live workers, seconds to wait once for
+        the workers asked for before training on with those that came (so an
+        HPC queue never blocks training for long).  The cluster is asked one
+        epoch ahead when the damper knows its schedule (GeoDamp).
     worker_timeout : float, default=60
         Seconds to wait for a worker when none is left.
     update_timeout : float, default=120
         Seconds one worker may take for one gradient before it is treated
         as lost (its share is recomputed on the others).
+    checkpoint : str or path-like, default=None
+        File for the training state (weights, optimizer, damper, epoch clock,
+        sampler position, history), written atomically after every epoch
+        and every ``checkpoint_every`` updates.  If the file exists when a
+        fresh ``fit`` starts, training resumes from it and ends as the
+        uninterrupted run would have.
+    checkpoint_every : int or None, default=None
+        Also checkpoint every this many model updates (None: epochs only).
     verbose : int, default=0
         1 prints one line per epoch.
     **kwargs
@@ -137,8 +153,11 @@ class DaskBaseDamper(BaseEstimator):
         min_workers: int = 1,
         max_workers: int | None = None,
         scale_cluster: bool | None = None,
+        scale_wait: float = 30.0,
         worker_timeout: float = 60.0,
         update_timeout: float = 120.0,
+        checkpoint=None,
+        checkpoint_every: int | None = None,
         verbose: int = 0,
         **kwargs,
     ):
@@ -155,8 +174,11 @@ class DaskBaseDamper(BaseEstimator):
         self.min_workers = min_workers
         self.max_workers = max_workers
         self.scale_cluster = scale_cluster
+        self.scale_wait = scale_wait
         self.worker_timeout = worker_timeout
         self.update_timeout = update_timeout
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
         self.verbose = verbose
         for key, value in kwargs.items():
             setattr(self, key, value)
@@ -334,16 +356,21 @@ class DaskBaseDamper(BaseEstimator):
                 "loop_": LoopState(seed=seed, n_data=len(X)),
                 **targets,
             }
+            epoch_updates = []
+            if self.checkpoint is not None and os.path.exists(self.checkpoint):
+                epoch_updates = self._restore(state, checkpoint.load(self.checkpoint), len(X))
+                epochs -= len(state["history_"])
         else:
-            if self.module_ is None:
-                raise ValueError("The estimator has no module to continue from.")
-            state = {k: getattr(self, k) for k in ("module_", "criterion_", "optimizer_", "damper_", "loop_")}
+            epoch_updates = []
+            state = self._state()
             state["history_"] = list(self.history_)
             state.update(targets)
+            if self._damper_spec() != self._damper_spec_:
+                state["damper_"] = self._build_damper(len(X))  # batch_size changed since the last fit
             if state["loop_"].n_data != len(X):
                 state["loop_"] = _resized(state["loop_"], len(X))
         try:
-            self._train(state, X, y, epochs)
+            self._train(state, X, y, epochs, epoch_updates)
         except (ConvergenceError, NoWorkersError):
             self._commit(state)  # training stopped, but with the last good weights
             raise
@@ -354,8 +381,32 @@ class DaskBaseDamper(BaseEstimator):
         for key, value in state.items():
             setattr(self, key, value)
         self.n_iter_ = len(self.history_)
+        self._damper_spec_ = self._damper_spec()
 
-    def _train(self, state: dict, X: np.ndarray, y: np.ndarray, epochs: int) -> None:
+    def _damper_spec(self) -> str:
+        """What the damper was built from, to notice a changed ``batch_size`` on warm starts."""
+        return repr((self.batch_size, sorted(self._params_for("batch_size").items())))
+
+    @staticmethod
+    def _restore(state: dict, saved: dict, n_data: int) -> list:
+        """Overlay a checkpoint on freshly built state; returns the epoch's updates so far."""
+        loop = LoopState(**saved["loop"])
+        if loop.n_data != n_data:
+            raise ValueError(f"The checkpoint was written for {loop.n_data} examples; X has {n_data}.")
+        state["module_"].load_state_dict(saved["module"])
+        state["optimizer_"].load_state_dict(saved["optimizer"])
+        state.update(saved["targets"], damper_=saved["damper"], loop_=loop, history_=list(saved["history"]))
+        return saved["epoch_updates"]
+
+    def _train(self, state: dict, X: np.ndarray, y: np.ndarray, epochs: int, epoch_updates: list) -> None:
+        if epochs <= 0:
+            return
+
+        def on_update(updates):
+            every = self.checkpoint_every
+            if self.checkpoint is not None and every and state["loop_"].n_updates % every == 0:
+                checkpoint.save(self.checkpoint, state, updates)
+
         with self._client_context(state) as (client, policy):
             engine = Engine(
                 client,
@@ -371,8 +422,11 @@ class DaskBaseDamper(BaseEstimator):
             )
             with engine:
                 for _ in range(epochs):
-                    row = engine.run_epoch()
+                    row = engine.run_epoch(epoch_updates, on_update)
+                    epoch_updates = []
                     state["history_"].append(row)
+                    if self.checkpoint is not None:
+                        checkpoint.save(self.checkpoint, state, [])
                     if self.verbose:
                         _print_row(row, header=len(state["history_"]) == 1)
 
@@ -387,6 +441,7 @@ class DaskBaseDamper(BaseEstimator):
             min_workers=self.min_workers,
             max_workers=max_workers,
             scale=bool(scale),
+            scale_wait=float(self.scale_wait),
             worker_timeout=float(self.worker_timeout),
             update_timeout=float(self.update_timeout),
         )
@@ -416,6 +471,62 @@ class DaskBaseDamper(BaseEstimator):
                 f"The criterion {type(criterion).__name__} cannot compare the module's output of "
                 f"shape {tuple(out.shape)} with targets of shape {tuple(target.shape)}: {err}"
             ) from err
+
+    # --------------------------------------------------------- save / load
+    def save_params(self, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> None:
+        """Save parts of the fitted state (skorch's names).
+
+        Parameters
+        ----------
+        f_params : path, optional
+            The module's ``state_dict`` (``torch.save``).
+        f_optimizer : path, optional
+            The optimizer's ``state_dict``.
+        f_history : path, optional
+            ``history_`` as JSON.
+        f_checkpoint : path, optional
+            Everything needed to resume training (see ``checkpoint``).
+
+        Examples
+        --------
+        >>> est.save_params(f_params="model.pt", f_history="history.json")  # doctest: +SKIP
+        """
+        check_is_fitted(self)
+        if f_params is not None:
+            torch.save(self.module_.state_dict(), f_params)
+        if f_optimizer is not None:
+            torch.save(self.optimizer_.state_dict(), f_optimizer)
+        if f_history is not None:
+            with open(f_history, "w") as f:
+                json.dump(self.history_, f)
+        if f_checkpoint is not None:
+            checkpoint.save(f_checkpoint, self._state(), [])
+
+    def load_params(self, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> DaskBaseDamper:
+        """Load what :meth:`save_params` saved into a fitted estimator of the same structure.
+
+        Examples
+        --------
+        >>> est.load_params(f_params="model.pt")  # doctest: +SKIP
+        """
+        check_is_fitted(self)
+        if f_checkpoint is not None:
+            state = self._state()
+            self._restore(state, checkpoint.load(f_checkpoint), self.loop_.n_data)
+            self._commit(state)
+        if f_params is not None:
+            self.module_.load_state_dict(torch.load(f_params, weights_only=True))
+        if f_optimizer is not None:
+            self.optimizer_.load_state_dict(torch.load(f_optimizer, weights_only=True))
+        if f_history is not None:
+            with open(f_history) as f:
+                self.history_ = json.load(f)
+            self.n_iter_ = len(self.history_)
+        return self
+
+    def _state(self) -> dict:
+        keys = ("module_", "criterion_", "optimizer_", "damper_", "loop_", "history_", "classes_", "_y_1d")
+        return {k: getattr(self, k) for k in keys if hasattr(self, k)}
 
     # -------------------------------------------------------------- predict
     def _forward(self, X) -> np.ndarray:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
 from pathlib import Path
 
@@ -67,8 +68,10 @@ class SlowLinear(nn.Module):
         self.delay = delay
 
     def forward(self, x):
-        if self.training and self.delay:
-            time.sleep(self.delay)
+        if self.training:
+            self.n_forward = getattr(self, "n_forward", 0) + 1
+            if self.delay:
+                time.sleep(self.delay)
         return self.linear(x)
 
 
@@ -236,9 +239,10 @@ def slurm_cluster(tmp_path: Path, label: str, **options):
             client.close()
         with contextlib.suppress(Exception):
             cluster.close()
-        leftover = active_jobs(job_name)
-        if leftover:  # never leave jobs behind on the shared SLURM
-            subprocess.run(["scancel", *leftover], check=False, capture_output=True, timeout=30)
+        with contextlib.suppress(Exception):
+            leftover = active_jobs(job_name)
+            if leftover:  # never leave jobs behind
+                subprocess.run(["scancel", *leftover], check=False, capture_output=True, timeout=30)
 
 
 @contextlib.contextmanager
@@ -283,6 +287,7 @@ def fit_in_thread(est, X, y):
             est.fit(X, y)
         except BaseException as err:  # noqa: BLE001 -- reported by the test
             outcome["error"] = err
+            outcome["traceback"] = traceback.format_exc()
         outcome["duration"] = time.monotonic() - t0
 
     thread = threading.Thread(target=target, name="adadamp-fit", daemon=True)
@@ -290,19 +295,21 @@ def fit_in_thread(est, X, y):
     return thread, outcome
 
 
-def _blocks_held() -> int:
-    """On a worker: adadamp data blocks resident for any fit."""
+def _progress() -> tuple[int, int]:
+    """On a worker: (data blocks resident, training forward passes) over adadamp's fits."""
     from adadamp import _worker
 
-    return sum(len(state.blocks) for state in _worker._FITS.values())
+    fits = list(_worker._FITS.values())
+    return sum(len(f.blocks) for f in fits), sum(getattr(f.module, "n_forward", 0) for f in fits)
 
 
-def workers_with_data(client) -> dict[str, int]:
+def training_workers(client, min_forward: int = 1) -> dict[str, tuple[int, int]]:
+    """Workers that hold data and have computed at least ``min_forward`` gradients."""
     try:
-        held = client.run(_blocks_held, on_error="return")
+        progress = client.run(_progress, on_error="return")
     except Exception:  # noqa: BLE001 -- a worker going away mid-call
         return {}
-    return {w: n for w, n in held.items() if isinstance(n, int) and n > 0}
+    return {w: p for w, p in progress.items() if isinstance(p, tuple) and p[0] > 0 and p[1] >= min_forward}
 
 
 def job_of(cluster, client, address: str) -> str | None:
@@ -320,7 +327,7 @@ def test_fit_grows_trains_shrinks_and_jobs_end(slurm, tmp_path, request):
     with slurm_cluster(tmp_path, "grow") as (cluster, client, jobs), engine_log() as log:
         est = adadamp.DaskRegressor(
             module=SlowLinear,
-            module__delay=0.1,
+            module__delay=0.25,
             optimizer=torch.optim.SGD,
             optimizer__lr=0.05,
             batch_size=GeoDamp,
@@ -333,7 +340,7 @@ def test_fit_grows_trains_shrinks_and_jobs_end(slurm, tmp_path, request):
             grads_per_worker=32,
             min_workers=1,
             max_workers=3,
-            max_epochs=6,
+            max_epochs=8,  # 16 + 8 + 6 * 4 = 48 updates of ~0.25 s
             worker_timeout=90,
             update_timeout=60,
             random_state=0,
@@ -348,7 +355,7 @@ def test_fit_grows_trains_shrinks_and_jobs_end(slurm, tmp_path, request):
             f"[slurm] grow: fit {fit_s:.1f} s, {len(per_update)} updates, batch sizes "
             f"{sorted(set(batches))}, workers per update {_runs(per_update)}",
         )
-        assert len(est.history_) == 6
+        assert len(est.history_) == 8
         assert {"n_workers", "updates"} <= set(est.history_[0])
         assert all({"n_workers", "batch_size"} <= set(u) for row in est.history_ for u in row["updates"])
         assert sorted(set(batches)) == [32, 64, 128], batches
@@ -386,11 +393,73 @@ def test_fit_grows_trains_shrinks_and_jobs_end(slurm, tmp_path, request):
         cluster.scale(0)
         final = jobs.wait_all_ended(60)
         assert not jobs.active()
-        assert len(est.history_) == 6
+        assert len(est.history_) == 8
         if log:
             _say(request.config, "[slurm] grow: engine log:\n  " + "\n  ".join(log[-15:]))
     jobs.report(request.config, "grow+shrink")
     assert all(state in FINISHED or state == "PURGED" for state in final.values()), final
+
+
+def _plugin_registered(dask_scheduler) -> bool:
+    from adadamp._worker import TrainerPlugin
+
+    return TrainerPlugin.name in dask_scheduler.worker_plugins
+
+
+def test_fit_waits_for_queued_jobs(slurm, tmp_path, request):
+    """On HPC, fit often starts while the worker jobs are still queued.  The jobs are
+    submitted held (sbatch --hold) and released once the fit has started: the fit must wait
+    for them (up to worker_timeout), not fail.  scale_cluster is left at its default (no
+    scaling for a cluster the user passed), as after a plain ``cluster.scale(2)``."""
+    X, y = regression_data(256)
+    with (
+        slurm_cluster(tmp_path, "queued", job_extra_directives=["--hold"]) as (cluster, client, jobs),
+        engine_log() as log,
+    ):
+        cluster.scale(2)
+        held = poll(lambda: len(jobs.active()) == 2 and jobs.active(), 30, "2 held jobs in the queue")
+        est = adadamp.DaskRegressor(
+            module=SlowLinear,
+            module__delay=0.02,
+            optimizer=torch.optim.SGD,
+            optimizer__lr=0.05,
+            batch_size=64,
+            client=client,
+            max_epochs=3,
+            worker_timeout=60,
+            update_timeout=30,
+            random_state=0,
+        )
+        thread, outcome = fit_in_thread(est, X, y)
+        poll(
+            lambda: not thread.is_alive() or client.run_on_scheduler(_plugin_registered),
+            60,
+            "the fit to reach the cluster",
+        )
+        time.sleep(2.0)  # simulated queue wait: the fit is running while its jobs are pending
+        queued_while_fitting = thread.is_alive()
+        _run("scontrol", "release", ",".join(held))
+        thread.join(120)
+        per_update = workers_per_update(est) if hasattr(est, "history_") else []
+        _say(
+            request.config,
+            f"[slurm] queued: jobs released {'during' if queued_while_fitting else 'after'} the fit; "
+            f"fit {outcome.get('duration', float('nan')):.1f} s "
+            f"({'error: ' + repr(outcome['error']) if 'error' in outcome else 'no error'}); "
+            f"workers per update {_runs(per_update)}",
+        )
+        if log:
+            _say(request.config, "[slurm] queued: engine log:\n  " + "\n  ".join(log[-10:]))
+        cluster.scale(0)
+        with contextlib.suppress(AssertionError):
+            jobs.wait_all_ended(60)
+    jobs.report(request.config, "queued")
+    assert not thread.is_alive(), "the fit did not finish within 120 s after the jobs were released"
+    assert "error" not in outcome, (
+        f"the fit failed while its jobs were queued: {outcome['error']!r}\n{outcome['traceback']}"
+    )
+    assert len(est.history_) == 3
+    assert min(per_update) >= 1, per_update
 
 
 def _runs(values: list[int]) -> str:
@@ -430,13 +499,14 @@ def preempted_fit(slurm, tmp_path_factory, request):
         thread, outcome = fit_in_thread(est, X, y)
         t0 = time.monotonic()
 
-        def two_workers_with_data():
+        def two_workers_training():
             if not thread.is_alive():
-                return None
-            held = workers_with_data(client)
+                return {"fit ended": None}
+            held = training_workers(client, min_forward=5)
             return held if len(held) >= 2 and len(jobs.running()) >= 2 else None
 
-        held = poll(two_workers_with_data, 90, "two SLURM workers holding training data")
+        held = poll(two_workers_training, 90, "two SLURM workers computing gradients")
+        assert thread.is_alive(), f"the fit ended before the scancel: {outcome}"
         victim_addr = max(held)
         victim = job_of(cluster, client, victim_addr)
         assert victim is not None, (victim_addr, held)
@@ -469,7 +539,9 @@ def preempted_fit(slurm, tmp_path_factory, request):
 def test_scancel_mid_fit_does_not_fail_the_fit(preempted_fit):
     r = preempted_fit
     assert not r["alive"], "the fit did not finish within 300 s after the scancel"
-    assert "error" not in r, f"the fit failed after job {r['victim']} was cancelled: {r['error']!r}"
+    assert "error" not in r, (
+        f"the fit failed after job {r['victim']} was cancelled: {r['error']!r}\n{r.get('traceback', '')}"
+    )
     est = r["est"]
     assert len(est.history_) == 40
     per_update = workers_per_update(est)
@@ -490,6 +562,8 @@ def test_cancelled_job_is_replaced(preempted_fit):
     if "error" in r or r["alive"]:
         pytest.fail("the preempted fit itself failed (see test_scancel_mid_fit_does_not_fail_the_fit)")
     per_update = workers_per_update(r["est"])
+    if 2 not in per_update or 1 not in per_update[per_update.index(2) :]:
+        pytest.fail(f"the fit never lost a worker: {_runs(per_update)}")
     first_two = per_update.index(2)
     after_loss = per_update[first_two + per_update[first_two:].index(1) :]
     assert len(r["jobs"]) >= 3, (
@@ -525,7 +599,7 @@ def test_workers_rotate_before_walltime(slurm, tmp_path, request):
             min_workers=1,
             max_workers=2,
             max_epochs=60,  # 8 updates per epoch, ~0.1 s each: ~55 s, beyond two lifetimes
-            worker_timeout=60,
+            worker_timeout=45,
             update_timeout=30,
             random_state=0,
         )

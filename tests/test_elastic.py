@@ -1,0 +1,181 @@
+"""Elastic training on real worker processes: growth, shrinking, SIGKILL, resume."""
+
+import logging
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+from distributed import Client, LocalCluster
+from sklearn.datasets import make_classification
+
+from adadamp import DaskClassifier
+from adadamp.dampers import Constant, GeoDamp
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, y = make_classification(n_samples=512, n_features=8, n_informative=6, n_classes=3, random_state=1)
+    return X, y
+
+
+def _cluster(n):
+    return LocalCluster(
+        n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+    )
+
+
+_CLUSTERS = {}  # what the test dampers act on (dampers must stay clonable)
+
+
+class KillAt(Constant):
+    """Constant batch that SIGKILLs worker processes at chosen updates (test only)."""
+
+    def __init__(self, batch_size=32, momentum=None, kill=None):
+        self.batch_size = batch_size
+        self.momentum = momentum
+        self.kill = kill
+
+    def next_batch_size(self, state):
+        action = (self.kill or {}).get(state.n_updates)
+        if isinstance(action, int):
+            os.kill(action, signal.SIGKILL)
+        elif action == "wait":  # for the nannies to restart what was killed
+            _CLUSTERS["client"].wait_for_workers(3)
+        return super().next_batch_size(state)
+
+
+class Stopped(Exception):
+    pass
+
+
+class StopAt(Constant):
+    """Constant batch that interrupts the fit at one update (test only)."""
+
+    def __init__(self, batch_size=32, momentum=None, stop=None):
+        self.batch_size = batch_size
+        self.momentum = momentum
+        self.stop = stop
+
+    def next_batch_size(self, state):
+        if state.n_updates == self.stop and not _CLUSTERS.get("stopped"):
+            _CLUSTERS["stopped"] = True  # once: the resumed run carries this damper on
+            raise Stopped("the client stops (preempted, crashed, interrupted)")
+        return super().next_batch_size(state)
+
+
+def _weights(est):
+    return torch.cat([p.detach().reshape(-1) for p in est.module_.parameters()]).numpy()
+
+
+def _workers_per_update(est):
+    return [u["n_workers"] for row in est.history_ for u in row["updates"]]
+
+
+def test_cluster_grows_with_geodamp_and_shrinks(data):
+    X, y = data
+    X, y = np.tile(X, (4, 1)), np.tile(y, 4)  # epochs long enough to see workers arrive
+    with _cluster(1) as cluster, Client(cluster) as client:
+        est = DaskClassifier(
+            batch_size=GeoDamp(initial=32, delay=1, factor=2, max_batch_size=128),
+            grads_per_worker=32,
+            max_workers=4,
+            scale_cluster=True,
+            max_epochs=4,
+            random_state=0,
+            client=client,
+        ).fit(X, y)
+        workers = _workers_per_update(est)
+        assert workers[0] == 1 and max(workers) >= 4
+        assert [row["batch_size"] for row in est.history_] == [32, 64, 128, 128]
+        assert est.history_[-1]["n_samples_seen"] == 4 * len(X)  # no example lost
+        assert len(client.scheduler_info()["workers"]) == 4
+        # Shrink: a smaller batch on the same cluster retires workers gracefully.
+        est.set_params(batch_size=32, warm_start=True, max_epochs=1).fit(X, y)
+        assert est.history_[-1]["n_workers"] == 1
+        assert est.history_[-1]["n_samples_seen"] == 5 * len(X)
+        client.wait_for_workers(1)
+        assert len(client.scheduler_info()["workers"]) == 1
+
+
+def test_sigkilled_workers_do_not_change_the_result(data):
+    """Kill one worker, then another; the nanny restarts them under new addresses."""
+    X, y = data
+    params = {"max_epochs": 3, "random_state": 3, "scale_cluster": False}
+    with _cluster(3) as cluster, Client(cluster) as client:
+        calm = DaskClassifier(batch_size=32, client=client, **params).fit(X, y)
+        pids = list(client.run(os.getpid).values())
+        _CLUSTERS.update(client=client)
+        damper = KillAt(batch_size=32, kill={5: pids[0], 20: pids[1], 30: "wait"})
+        hurt = DaskClassifier(batch_size=damper, client=client, **params).fit(X, y)
+    np.testing.assert_allclose(_weights(hurt), _weights(calm), rtol=1e-4, atol=1e-5)
+    assert hurt.history_[-1]["n_samples_seen"] == calm.history_[-1]["n_samples_seen"]
+    workers = _workers_per_update(hurt)
+    assert min(workers) < 3  # the loss was seen ...
+    assert workers[-1] == 3  # ... and the restarted workers were used again
+
+
+class AddAt(Constant):
+    """Constant batch that adds a worker to the test cluster at update 3 (test only)."""
+
+    def next_batch_size(self, state):
+        if state.n_updates == 3:
+            _CLUSTERS["current"].scale(2)
+            _CLUSTERS["client"].wait_for_workers(2)  # the engine must notice it by itself
+        return super().next_batch_size(state)
+
+
+def test_worker_added_mid_fit_is_used(data):
+    X, y = data
+    with _cluster(1) as cluster, Client(cluster) as client:
+        _CLUSTERS.update(current=cluster, client=client)
+        est = DaskClassifier(batch_size=AddAt(batch_size=32), client=client, max_epochs=2, random_state=0)
+        est.fit(X, y)
+    workers = _workers_per_update(est)
+    assert workers[0] == 1 and workers[-1] == 2
+
+
+def test_checkpoint_resume_matches_uninterrupted_fit(data, client, tmp_path):
+    X, y = data
+    params = {"max_epochs": 3, "random_state": 5, "optimizer": torch.optim.SGD, "optimizer__momentum": 0.9}
+    whole = DaskClassifier(batch_size=32, **params).fit(X, y)
+    path = tmp_path / "ckpt.pt"
+    stopped = DaskClassifier(batch_size=StopAt(batch_size=32, stop=21), checkpoint=path, checkpoint_every=4, **params)
+    with pytest.raises(Stopped):
+        stopped.fit(X, y)
+    assert path.exists() and not hasattr(stopped, "module_")
+    resumed = DaskClassifier(batch_size=32, checkpoint=path, **params).fit(X, y)
+    np.testing.assert_array_equal(_weights(resumed), _weights(whole))
+    assert [r["n_updates"] for r in resumed.history_] == [r["n_updates"] for r in whole.history_]
+
+
+def test_save_and_load_params(data, client, tmp_path):
+    X, y = data
+    est = DaskClassifier(max_epochs=1, random_state=0).fit(X, y)
+    other = DaskClassifier(max_epochs=1, random_state=1).fit(X, y)
+    est.save_params(f_params=tmp_path / "p.pt", f_optimizer=tmp_path / "o.pt", f_history=tmp_path / "h.json")
+    other.load_params(f_params=tmp_path / "p.pt", f_optimizer=tmp_path / "o.pt", f_history=tmp_path / "h.json")
+    np.testing.assert_array_equal(other.predict_proba(X), est.predict_proba(X))
+    assert other.history_[0]["n_updates"] == est.history_[0]["n_updates"]
+
+
+def test_jobqueue_local_cluster_survives_a_killed_job(data):
+    from dask_jobqueue.local import LocalCluster as JobQueueCluster
+
+    X, y = data
+    cluster = JobQueueCluster(cores=1, processes=1, memory="1GiB", scheduler_options={"dashboard_address": None})
+    try:
+        cluster.scale(2)
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=60)
+            job_pids = [job.process.pid for job in cluster.workers.values()]
+            damper = KillAt(batch_size=32, kill={4: job_pids[0]})
+            est = DaskClassifier(batch_size=damper, client=client, max_epochs=2, random_state=0).fit(X, y)
+            assert est.history_[-1]["n_samples_seen"] == 2 * len(X)
+            assert min(_workers_per_update(est)) == 1
+    finally:
+        try:
+            cluster.close()
+        except AssertionError:  # SpecCluster._close after a killed job (dask-engine.md §4.3)
+            pass
