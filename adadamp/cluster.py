@@ -111,6 +111,24 @@ def request_workers(client: Client, n: int) -> bool:
     return True
 
 
+def heal(client: Client, n: int, gone: set[str]) -> None:
+    """Ask again for ``n`` workers after some were lost (preempted jobs, lifetimes).
+
+    SpecCluster keeps the spec of a job that died and resubmits it only after
+    ``lost-worker-timeout`` (dask-engine.md §3.5); dropping the specs of the
+    workers that are ``gone`` (by name) first makes ``scale(n)`` submit
+    replacements now.  Specs of workers still starting or queued are kept.
+    """
+    cluster = getattr(client, "cluster", None)
+    if cluster is None or not hasattr(cluster, "scale"):
+        return
+    specs = getattr(cluster, "worker_spec", {})
+    dead = [name for name in specs if str(name) in gone or any(g.startswith(f"{name}-") for g in gone)]
+    if dead and hasattr(cluster, "scale_down"):
+        cluster.sync(cluster.scale_down, dead)
+    cluster.scale(n)
+
+
 def retire(client: Client, addresses: list[str], target: int, timeout: float = 10.0) -> None:
     """Retire ``addresses`` gracefully, then shrink the cluster to ``target``.
 

@@ -45,6 +45,7 @@ from .exceptions import ConvergenceError, NoWorkersError
 logger = logging.getLogger("adadamp")
 
 MEMBERSHIP_INTERVAL = 0.5  # seconds between looks at the scheduler's worker list
+HEAL_INTERVAL = 5.0  # seconds a shortfall of workers lasts before they are asked for again
 _LOST = (OSError, CommClosedError, asyncio.TimeoutError, TimeoutError, EOFError)
 
 
@@ -116,6 +117,10 @@ class Engine:
         self._last_refresh = -math.inf
         self._requested: int | None = None
         self._waited_for = 0
+        self._live_names: set[str] = set()
+        self._gone_names: set[str] = set()
+        self._short_since = math.inf  # when fewer workers than requested were first seen
+        self._last_heal = -math.inf
         for group in optimizer.param_groups:
             group.setdefault("adadamp_base_lr", group["lr"])
 
@@ -180,29 +185,44 @@ class Engine:
                         raise r
                     logger.warning("worker %s could not be set up (%r); ignoring it for now", w, r)
             joined = [w for w, r in zip(joined, replies) if not isinstance(r, BaseException)]
+        names = {str(info.get("name")) for a, info in live.items() if a not in lost}
+        self._gone_names = (self._gone_names | self._live_names) - names
+        self._live_names = names
         new_workers = survivors + joined
-        if new_workers == self.workers:
-            return
         if not new_workers:
             self._wait_for_workers()
             self._refresh_membership(force=True)
-            return
-        self._rebalance(new_workers)
+        elif new_workers != self.workers:
+            self._rebalance(new_workers)
 
     def _wait_for_workers(self) -> None:
         timeout = self.policy.worker_timeout
         logger.warning("no live worker; waiting up to %.0f s for one", timeout)
-        if self.policy.scale:
-            cl.request_workers(self.client, max(1, self._requested or 1))
-        try:
-            self.client.wait_for_workers(1, timeout=timeout)
-        except TimeoutError as err:
-            raise NoWorkersError(
-                f"All Dask workers are gone and none joined within worker_timeout={timeout} s "
-                f"(after {self.loop.n_updates} model updates). The estimator keeps the last "
-                "good weights; add workers to the cluster and call fit again with warm_start=True."
-            ) from err
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.policy.scale:
+                self._heal(force=True)
+            left = deadline - time.monotonic()
+            try:
+                self.client.wait_for_workers(1, timeout=max(0.1, min(HEAL_INTERVAL, left)))
+                break
+            except TimeoutError as err:
+                if left <= HEAL_INTERVAL:
+                    raise NoWorkersError(
+                        f"All Dask workers are gone and none joined within worker_timeout={timeout} s "
+                        f"(after {self.loop.n_updates} model updates). The estimator keeps the last good "
+                        "weights; add workers to the cluster and call fit again with warm_start=True."
+                    ) from err
         self.workers = []
+
+    def _heal(self, force: bool = False) -> None:
+        """Ask again for workers the cluster lost (preempted jobs, worker lifetimes)."""
+        now = time.monotonic()
+        if not force and (now - self._short_since < HEAL_INTERVAL or now - self._last_heal < HEAL_INTERVAL):
+            return
+        self._last_heal = now
+        logger.info("%d of %d workers alive; asking the cluster again", len(self.workers), self._requested or 1)
+        cl.heal(self.client, max(1, self._requested or 1), gone=self._gone_names)
 
     def _rebalance(self, new_workers: list[str]) -> None:
         """Give every worker a fair share of blocks, moving as few as possible."""
@@ -293,6 +313,8 @@ class Engine:
         done = []
         timing = {"compute": 0.0}
         for _attempt in range(1 + 10):
+            if not self.workers:
+                self._refresh_membership(force=True)
             calls, parts = [], []
             for part in todo:
                 codes = self.block_owner[part // self.block_size]
@@ -338,6 +360,11 @@ class Engine:
             ahead = self.damper.forecast_batch_size(state.epoch + self.policy.prescale_epochs) or 0
             self._scale_to(self.policy.wanted(max(batch_size, ahead)))
             self._wait_for_growth(self.policy.wanted(batch_size))
+            if len(self.workers) < (self._requested or 0):
+                self._short_since = min(self._short_since, time.monotonic())
+                self._heal()
+            else:
+                self._short_since = math.inf
         idx = self._take(batch_size)
         n_chunks = 2 if self.damper.needs_grad_stats else 1
         t_sent = time.perf_counter()

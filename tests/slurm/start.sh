@@ -2,7 +2,7 @@
 # Start a single-node SLURM (munged, slurmctld, slurmd on localhost) for the test suite.
 #
 # Idempotent: installs Debian's slurm-wlm and munge with apt-get only when they are missing,
-# writes /etc/slurm/slurm.conf from tests/slurm/slurm.conf.in, starts each daemon only when it
+# writes /etc/slurm/slurm.conf from tests/slurm/slurm.conf.in (RealMemory = 90% of MemTotal), starts each daemon only when it
 # is not already running, waits (bounded) until the node is idle and runs one job through
 # srun. Exits non-zero with a message on stderr when SLURM cannot be started.
 # The last line on stdout is "SLURM ready (started: ...)" naming the daemons started by this
@@ -115,8 +115,8 @@ fi
 if [ -e "$CONF" ] && ! head -n 1 "$CONF" | grep -qF "$MARK"; then
     die "$CONF exists and was not written by this script; refusing to replace another SLURM's configuration"
 fi
-mem_mb=$(free -m | awk '/^Mem:/ {print $2}')
-[ -n "$mem_mb" ] || die "cannot read the memory size from free -m"
+mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
+[ -n "$mem_mb" ] && [ "$mem_mb" -gt 0 ] || die "cannot read MemTotal from /proc/meminfo"
 real_memory=$((mem_mb * 9 / 10))
 mkdir -p "$(dirname "$CONF")"
 sed -e "s|@STATE@|$STATE|g" -e "s|@CPUS@|$CPUS|g" -e "s|@REALMEMORY@|$real_memory|g" \
