@@ -455,7 +455,7 @@ class DaskBaseDamper(BaseEstimator):
 
     def _check_output_shape(self, module, criterion, X, y, n_outputs: int) -> None:
         with torch.no_grad():
-            out = module(torch.from_numpy(X[:2]))
+            out = module(torch.tensor(X[:2]))
         target = torch.from_numpy(y[:2])
         expected = self._expected_output_shape(criterion, target, n_outputs)
         if expected is not None and tuple(out.shape) != expected:
@@ -538,7 +538,7 @@ class DaskBaseDamper(BaseEstimator):
         outs = []
         with torch.no_grad():
             for start in range(0, len(X), 4096):
-                outs.append(module(torch.from_numpy(np.ascontiguousarray(X[start : start + 4096]))))
+                outs.append(module(torch.tensor(X[start : start + 4096])))
         module.train()
         return torch.cat(outs).double().numpy()
 
