@@ -76,6 +76,12 @@ class SlowLinear(nn.Module):
         return self.linear(x)
 
 
+def slow_regressor(client, delay: float, **params) -> adadamp.DaskRegressor:
+    """A regressor whose forward sleeps ``delay`` s, so fits last long enough to watch jobs."""
+    defaults = {"optimizer": torch.optim.SGD, "optimizer__lr": 0.05, "random_state": 0}
+    return adadamp.DaskRegressor(module=SlowLinear, module__delay=delay, client=client, **{**defaults, **params})
+
+
 # ------------------------------------------------------------------------ reporting
 def _ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
@@ -326,17 +332,14 @@ def test_fit_grows_trains_shrinks_and_jobs_end(slurm, tmp_path, request):
     batch on the same cluster shrinks it to one job; scale(0) ends the rest."""
     X, y = regression_data()
     with slurm_cluster(tmp_path, "grow") as (cluster, client, jobs), engine_log() as log:
-        est = adadamp.DaskRegressor(
-            module=SlowLinear,
-            module__delay=0.25,
-            optimizer=torch.optim.SGD,
-            optimizer__lr=0.05,
+        est = slow_regressor(
+            client,
+            0.25,
             batch_size=GeoDamp,
             batch_size__initial=32,
             batch_size__delay=1,
             batch_size__factor=2,
             batch_size__max_batch_size=128,
-            client=client,
             scale_cluster=True,
             grads_per_worker=32,
             min_workers=1,
@@ -344,7 +347,6 @@ def test_fit_grows_trains_shrinks_and_jobs_end(slurm, tmp_path, request):
             max_epochs=8,  # 16 + 8 + 6 * 4 = 48 updates of ~0.25 s
             worker_timeout=90,
             update_timeout=60,
-            random_state=0,
         )
         t0 = time.monotonic()
         est.fit(X, y)
@@ -369,13 +371,10 @@ def test_fit_grows_trains_shrinks_and_jobs_end(slurm, tmp_path, request):
         assert np.isfinite(est.predict(X)).all()
 
         # Shrink: a fit with batch 32 wants one worker (= one job).
-        small = adadamp.DaskRegressor(
-            module=SlowLinear,
-            module__delay=0.02,
-            optimizer=torch.optim.SGD,
-            optimizer__lr=0.05,
+        small = slow_regressor(
+            client,
+            0.02,
             batch_size=32,
-            client=client,
             scale_cluster=True,
             grads_per_worker=32,
             min_workers=1,
@@ -383,7 +382,6 @@ def test_fit_grows_trains_shrinks_and_jobs_end(slurm, tmp_path, request):
             max_epochs=2,
             worker_timeout=90,
             update_timeout=60,
-            random_state=0,
         )
         small.fit(X, y)
         shrunk = workers_per_update(small)
@@ -419,17 +417,13 @@ def test_fit_waits_for_queued_jobs(slurm, tmp_path, request):
     ):
         cluster.scale(2)
         held = poll(lambda: len(jobs.active()) == 2 and jobs.active(), 30, "2 held jobs in the queue")
-        est = adadamp.DaskRegressor(
-            module=SlowLinear,
-            module__delay=0.02,
-            optimizer=torch.optim.SGD,
-            optimizer__lr=0.05,
+        est = slow_regressor(
+            client,
+            0.02,
             batch_size=64,
-            client=client,
             max_epochs=3,
             worker_timeout=60,
             update_timeout=30,
-            random_state=0,
         )
         thread, outcome = fit_in_thread(est, X, y)
         poll(
@@ -481,13 +475,10 @@ def preempted_fit(slurm, tmp_path_factory, request):
     X, y = regression_data()
     result: dict = {}
     with slurm_cluster(tmp_path, "preempt") as (cluster, client, jobs), engine_log() as log:
-        est = adadamp.DaskRegressor(
-            module=SlowLinear,
-            module__delay=0.1,
-            optimizer=torch.optim.SGD,
-            optimizer__lr=0.05,
+        est = slow_regressor(
+            client,
+            0.1,
             batch_size=64,
-            client=client,
             scale_cluster=True,
             grads_per_worker=32,
             min_workers=1,
@@ -495,7 +486,6 @@ def preempted_fit(slurm, tmp_path_factory, request):
             max_epochs=40,  # 8 updates per epoch, ~0.1 s each: ~35 s of training
             worker_timeout=90,
             update_timeout=30,
-            random_state=0,
         )
         thread, outcome = fit_in_thread(est, X, y)
         t0 = time.monotonic()
@@ -588,13 +578,10 @@ def test_workers_rotate_before_walltime(slurm, tmp_path, request):
         ) as (cluster, client, jobs),
         engine_log() as log,
     ):
-        est = adadamp.DaskRegressor(
-            module=SlowLinear,
-            module__delay=0.1,
-            optimizer=torch.optim.SGD,
-            optimizer__lr=0.05,
+        est = slow_regressor(
+            client,
+            0.1,
             batch_size=64,
-            client=client,
             scale_cluster=True,
             grads_per_worker=32,
             min_workers=1,
@@ -602,7 +589,6 @@ def test_workers_rotate_before_walltime(slurm, tmp_path, request):
             max_epochs=60,  # 8 updates per epoch, ~0.1 s each: ~55 s, beyond two lifetimes
             worker_timeout=45,
             update_timeout=30,
-            random_state=0,
         )
         t0 = time.monotonic()
         error = tb = None
