@@ -36,6 +36,7 @@ HANDLERS = ("adadamp_setup", "adadamp_data", "adadamp_gradient", "adadamp_releas
 # here instead of competing for the worker's cores.
 _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adadamp-compute")
 _FITS: dict[str, _FitState] = {}
+INLINE_SECONDS = 0.1  # gradients faster than this run on the worker's event loop
 
 
 def flatten_parameters(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,20 +46,43 @@ def flatten_parameters(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Ten
     the views as long as ``.grad`` is never set to None, so the flat gradient
     buffer is the gradient sum without any copy (DESIGN.md §3).
     """
+    params = trainable(module)
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    return bind_parameters(module, flat, torch.zeros_like(flat))
+
+
+def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         raise ValueError("The module has no trainable parameters.")
-    dtype = params[0].dtype
-    device = params[0].device
-    flat = torch.cat([p.detach().reshape(-1).to(dtype) for p in params]).to(device)
-    grads = torch.zeros_like(flat)
+    return params
+
+
+def bind_parameters(
+    module, flat: torch.Tensor, grads: torch.Tensor, copy_values: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Point the parameters (and gradients) of ``module`` into ``flat`` (and ``grads``).
+
+    With ``copy_values`` the parameters keep their values (written into
+    ``flat``); without, they take the values ``flat`` holds (a worker mapping
+    the client's shared weights must not overwrite them).
+    """
     offset = 0
-    for p in params:
+    for p in trainable(module):
         n = p.numel()
-        p.data = flat[offset : offset + n].view_as(p)
+        view = flat[offset : offset + n].view_as(p)
+        if copy_values and view.data_ptr() != p.data_ptr():
+            view.copy_(p.detach())
+        p.data = view
         p.grad = grads[offset : offset + n].view_as(p)
         offset += n
     return flat, grads
+
+
+def shared_array(path: str, size: int, create: bool = False) -> np.ndarray:
+    """A float32 array in a file under /dev/shm: memory both processes map."""
+    mode = "w+" if create else "r+"
+    return np.asarray(np.memmap(path, dtype=np.float32, mode=mode, shape=(size,)))
 
 
 @dataclass
@@ -69,24 +93,41 @@ class _FitState:
     flat: torch.Tensor
     grads: torch.Tensor
     n_total: int
-    blocks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
-    X: torch.Tensor | None = None
-    y: torch.Tensor | None = None
+    shared: bool = False  # weights and gradient live in shared memory with the client
+    inline: bool = False  # the last gradient was quick: compute on the event loop
+    shared_weights: torch.Tensor | None = None  # (GPU workers: host copies of the two)
+    shared_gradient: torch.Tensor | None = None
+    block_index: dict[int, np.ndarray] = field(default_factory=dict)  # block -> its global indices
+    X: np.ndarray | None = None
+    y: np.ndarray | None = None
+    X_dev: torch.Tensor | None = None
+    y_dev: torch.Tensor | None = None
     local_row: np.ndarray | None = None  # global index -> row in X / y, -1 if absent
 
-    def rebuild(self) -> None:
-        """Concatenate the resident blocks into one tensor pair."""
+    def update_blocks(self, add, drop) -> None:
+        """Add ``[(block, idx, X, y)]`` and drop block ids, keeping one copy of the data."""
+        keep = [b for b in self.block_index if b not in set(drop)]
+        parts_X, parts_y, parts_idx = [], [], []
+        if self.X is not None and keep:
+            rows = np.concatenate([self.local_row[self.block_index[b]] for b in keep])
+            parts_X.append(self.X[rows])
+            parts_y.append(self.y[rows])
+            parts_idx.extend(self.block_index[b] for b in keep)
+        self.block_index = {b: self.block_index[b] for b in keep}
+        for block, idx, X, y in add:
+            self.block_index[block] = idx
+            parts_X.append(X)
+            parts_y.append(y)
+            parts_idx.append(idx)
         self.local_row = np.full(self.n_total, -1, dtype=np.int64)
-        if not self.blocks:
-            self.X = self.y = None
+        if not parts_X:
+            self.X = self.y = self.X_dev = self.y_dev = None
             return
-        ids = sorted(self.blocks)
-        idx = np.concatenate([self.blocks[b][0] for b in ids])
+        idx = np.concatenate(parts_idx)
         self.local_row[idx] = np.arange(len(idx))
-        X = np.concatenate([self.blocks[b][1] for b in ids])
-        y = np.concatenate([self.blocks[b][2] for b in ids])
-        self.X = torch.from_numpy(X).to(self.device)
-        self.y = torch.from_numpy(y).to(self.device)
+        self.X, self.y = np.concatenate(parts_X), np.concatenate(parts_y)
+        self.X_dev = torch.from_numpy(self.X).to(self.device)
+        self.y_dev = torch.from_numpy(self.y).to(self.device)
 
 
 def _set_native_malloc() -> None:
@@ -120,7 +161,8 @@ class TrainerPlugin(WorkerPlugin):
     def setup(self, worker) -> None:
         _set_native_malloc()
         nthreads = max(1, int(getattr(worker.state, "nthreads", 1)))
-        _EXECUTOR.submit(torch.set_num_threads, nthreads).result()
+        torch.set_num_threads(nthreads)  # the event loop thread (quick gradients)
+        _EXECUTOR.submit(torch.set_num_threads, nthreads).result()  # the compute thread
         for op in HANDLERS:
             worker.handlers[op] = globals()["_" + op]
 
@@ -133,17 +175,38 @@ async def _run(fn, *args):
     return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, fn, *args)
 
 
-async def _adadamp_setup(fit_id: str, payload, n_total: int) -> dict:
+async def _adadamp_setup(fit_id: str, payload, n_total: int, shared: dict | None = None) -> dict:
+    """Build the fit's module; map the client's shared weights and this worker's gradient if possible."""
+
     def build():
         module, criterion, device = cloudpickle.loads(payload)
         device = torch.device(device)
         module = module.to(device)
         module.train()
         flat, grads = flatten_parameters(module)
-        _FITS[fit_id] = _FitState(module, criterion, device, flat, grads, int(n_total))
+        state = _FitState(module, criterion, device, flat, grads, int(n_total))
+        if shared is not None and _same_host(shared):
+            size = flat.numel()
+            weights = torch.from_numpy(shared_array(shared["weights"], size))
+            gradient = torch.from_numpy(shared_array(shared["gradient"], size))
+            if device.type == "cpu":
+                state.flat, state.grads = bind_parameters(module, weights, gradient, copy_values=False)
+            else:
+                state.shared_weights, state.shared_gradient = weights, gradient
+            state.shared = True
+        _FITS[fit_id] = state
+        return state.shared
 
-    await _run(build)
-    return {"status": "OK"}
+    return {"status": "OK", "shared": await _run(build)}
+
+
+def _same_host(shared: dict) -> bool:
+    """True if the client's token file is readable here: same machine, same /dev/shm."""
+    try:
+        with open(shared["token_path"]) as f:
+            return f.read() == shared["token"]
+    except OSError:
+        return False
 
 
 async def _adadamp_data(fit_id: str, add, drop) -> dict:
@@ -151,12 +214,8 @@ async def _adadamp_data(fit_id: str, add, drop) -> dict:
 
     def update():
         state = _FITS[fit_id]
-        for block_id in drop:
-            state.blocks.pop(block_id, None)
-        for block_id, idx, X, y in add:
-            state.blocks[block_id] = (idx, X, y)
-        state.rebuild()
-        return sorted(state.blocks)
+        state.update_blocks(add, drop)
+        return sorted(state.block_index)
 
     blocks = await _run(update)
     return {"status": "OK", "blocks": blocks}
@@ -175,13 +234,13 @@ async def _adadamp_gradient(fit_id: str, weights, indices, n_chunks: int, seed: 
         if (rows < 0).any():
             missing = np.asarray(indices)[rows < 0][:5]
             raise KeyError(f"examples {missing.tolist()} are not resident on this worker")
-        if state.device.type == "cpu":
-            state.flat.numpy()[:] = weights
-        else:
+        if state.shared and state.device.type != "cpu":
+            state.flat.copy_(state.shared_weights, non_blocking=True)
+        elif not state.shared:
             state.flat.copy_(torch.from_numpy(np.asarray(weights)), non_blocking=True)
         rows_t = torch.from_numpy(rows).to(state.device)
-        X = state.X.index_select(0, rows_t)
-        y = state.y.index_select(0, rows_t)
+        X = state.X_dev.index_select(0, rows_t)
+        y = state.y_dev.index_select(0, rows_t)
         n = len(rows)
         chunks = [slice(0, n)]
         if n_chunks > 1 and n > 1:
@@ -204,9 +263,16 @@ async def _adadamp_gradient(fit_id: str, weights, indices, n_chunks: int, seed: 
                 if len(chunks) > 1:
                     sq_sum += float(state.grads.double().square().sum()) / n_part
                     total += state.grads
-        grad = total.detach().to("cpu", copy=True).numpy()
+        if state.shared:
+            if total is not state.grads or state.device.type != "cpu":
+                target = state.grads if state.device.type == "cpu" else state.shared_gradient
+                target.copy_(total)
+            grad = None  # the client reads it from shared memory
+        else:
+            grad = to_serialize(total.detach().to("cpu", copy=True).numpy())
+        state.inline = time.perf_counter() - start < INLINE_SECONDS
         return {
-            "grad": to_serialize(grad),
+            "grad": grad,
             "n": n,
             "loss_sum": loss_sum,
             "chunk_sq_norm_sum": sq_sum,
@@ -214,4 +280,9 @@ async def _adadamp_gradient(fit_id: str, weights, indices, n_chunks: int, seed: 
             "compute_time": time.perf_counter() - start,
         }
 
+    # A short computation runs right on the event loop: handing it to the
+    # compute thread and back costs two thread wake-ups (~2 ms on a busy
+    # machine).  Long ones go to the thread, so heartbeats keep flowing.
+    if _FITS[fit_id].inline:
+        return compute()
     return await _run(compute)

@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import time
 import uuid
 from typing import Self
@@ -38,7 +39,7 @@ from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
 from . import cluster as cl
-from ._worker import TrainerPlugin, flatten_parameters
+from ._worker import TrainerPlugin, bind_parameters, flatten_parameters, shared_array
 from .dampers import BaseDamper, GradStats, TrainState
 from .exceptions import ConvergenceError, NoWorkersError
 
@@ -126,11 +127,14 @@ class Engine:
 
     # ------------------------------------------------------------------ set-up
     def __enter__(self) -> Self:
+        self._payload = cloudpickle.dumps((self.module, self.criterion, self.device))
         self.flat, self.grads = flatten_parameters(self.module)
+        self._shared = SharedBuffers.create(self.fit_id, self.flat.numel())
+        if self._shared is not None:  # workers on this host read the weights in place
+            self.flat, _ = bind_parameters(self.module, torch.from_numpy(self._shared.weights), self.grads)
         self.flat_np = self.flat.numpy()
         self.grads_np = self.grads.numpy()
         self._backup = self.flat.clone()
-        self._payload = cloudpickle.dumps((self.module, self.criterion, self.device))
         self.client.register_plugin(TrainerPlugin(), name=TrainerPlugin.name)
         self._refresh_membership(force=True)
         if self.policy.scale:
@@ -146,6 +150,8 @@ class Engine:
         for p in self.module.parameters():
             p.data = p.data.clone()
             p.grad = None
+        if self._shared is not None:
+            self._shared.close()
 
     # -------------------------------------------------------------- RPC fan-out
     def _call_all(self, calls: list[tuple[str, str, dict]], timeout: float | None = None):
@@ -170,15 +176,21 @@ class Engine:
         self._last_refresh = now
         live = cl.live_workers(self.client)
         survivors = [w for w in self.workers if w in live and w not in lost]
+        if self._shared is not None:
+            for w in set(self.workers) - set(survivors):
+                self._shared.drop(w)
         joined = sorted(w for w in live if w not in self.workers and w not in lost)
         if joined:
-            replies = self._call_all(
-                [
-                    (w, "adadamp_setup", {"fit_id": self.fit_id, "payload": self._payload, "n_total": len(self.X)})
-                    for w in joined
-                ],
-                timeout=max(60.0, self.policy.update_timeout),
-            )
+            calls = []
+            for w in joined:
+                kwargs = {"fit_id": self.fit_id, "payload": self._payload, "n_total": len(self.X)}
+                if self._shared is not None:
+                    kwargs["shared"] = self._shared.offer(w)
+                calls.append((w, "adadamp_setup", kwargs))
+            replies = self._call_all(calls, timeout=max(60.0, self.policy.update_timeout))
+            for w, r in zip(joined, replies):
+                if self._shared is not None and (isinstance(r, BaseException) or not r.get("shared")):
+                    self._shared.drop(w)  # another host: weights and gradients go over TCP
             for w, r in zip(joined, replies):
                 if isinstance(r, BaseException):
                     if not isinstance(r, _LOST):
@@ -243,8 +255,8 @@ class Engine:
         drop: dict[str, list] = {w: [] for w in new_workers}
         for b, (was, now) in enumerate(zip(old, owner)):
             if was != now:
-                idx = np.arange(b * self.block_size, min((b + 1) * self.block_size, len(self.X)))
-                add[now].append((b, idx, self.X[idx], self.y[idx]))
+                rows = slice(b * self.block_size, min((b + 1) * self.block_size, len(self.X)))
+                add[now].append((b, np.arange(rows.start, rows.stop), self.X[rows], self.y[rows]))
                 if was in drop:
                     drop[was].append(b)
         calls = [
@@ -307,11 +319,14 @@ class Engine:
             lp.data_epoch += 1
         return idx
 
-    def _gradients(self, idx: np.ndarray, n_chunks: int):
-        """Gradient sums over ``idx`` from the workers, recomputing lost shares."""
+    def _gradients(self, idx: np.ndarray, n_chunks: int) -> dict:
+        """Sum the workers' gradients over ``idx`` into ``self.grads_np``, recomputing lost shares.
+
+        Sums run in rank order within each round, so the same workers give
+        bitwise the same result.
+        """
+        total = {"n": 0, "loss_sum": 0.0, "chunk_sq_norm_sum": 0.0, "n_chunks": 0, "compute": 0.0}
         todo = [idx]
-        done = []
-        timing = {"compute": 0.0}
         for _attempt in range(1 + 10):
             if not self.workers:
                 self._refresh_membership(force=True)
@@ -321,13 +336,13 @@ class Engine:
                 for k, w in enumerate(self.workers):
                     sub = part[codes == k]
                     if len(sub):
-                        seed = (self.loop.seed * 1_000_003 + self.loop.n_updates * 7919 + k) % 2**63
+                        shared = self._shared is not None and w in self._shared.gradients
                         kwargs = {
                             "fit_id": self.fit_id,
-                            "weights": to_serialize(self.flat_np),
+                            "weights": None if shared else to_serialize(self.flat_np),
                             "indices": to_serialize(sub),
                             "n_chunks": n_chunks,
-                            "seed": seed,
+                            "seed": (self.loop.seed * 1_000_003 + self.loop.n_updates * 7919 + k) % 2**63,
                         }
                         calls.append((w, "adadamp_gradient", kwargs))
                         parts.append(sub)
@@ -337,13 +352,20 @@ class Engine:
                 if isinstance(r, _LOST):
                     lost.append(w)
                     todo.append(sub)
-                elif isinstance(r, BaseException):
+                    continue
+                if isinstance(r, BaseException):
                     raise r
-                else:
-                    done.append(r)
-                    timing["compute"] = max(timing["compute"], r["compute_time"])
+                grad = self._shared.gradients[w] if r["grad"] is None else r["grad"]
+                with np.errstate(invalid="ignore", over="ignore"):
+                    if total["n"] == 0:
+                        np.copyto(self.grads_np, grad)
+                    else:
+                        np.add(self.grads_np, grad, out=self.grads_np)
+                for key in ("n", "loss_sum", "chunk_sq_norm_sum", "n_chunks"):
+                    total[key] += r[key]
+                total["compute"] = max(total["compute"], r["compute_time"])
             if not todo:
-                return done, timing
+                return total
             logger.warning("lost worker(s) %s during update %d; recomputing their share", lost, self.loop.n_updates)
             self._refresh_membership(force=True, lost=tuple(lost))
         raise NoWorkersError(f"update {self.loop.n_updates} failed on every retry: workers keep dying")
@@ -368,16 +390,13 @@ class Engine:
         idx = self._take(batch_size)
         n_chunks = 2 if self.damper.needs_grad_stats else 1
         t_sent = time.perf_counter()
-        replies, timing = self._gradients(idx, n_chunks)
+        total = self._gradients(idx, n_chunks)
         t_back = time.perf_counter()
 
-        grad = replies[0]["grad"].copy() if len(replies) > 1 else replies[0]["grad"]
-        n = sum(r["n"] for r in replies)
-        loss = sum(r["loss_sum"] for r in replies) / n
+        n = total["n"]
+        loss = total["loss_sum"] / n
         with np.errstate(invalid="ignore", over="ignore"):
-            for r in replies[1:]:
-                grad += r["grad"]
-            np.multiply(grad, 1.0 / n, out=self.grads_np)
+            self.grads_np *= 1.0 / n
         if not math.isfinite(loss) or not np.isfinite(self.grads_np).all():
             self.flat.copy_(self._backup)
             raise ConvergenceError(
@@ -391,8 +410,8 @@ class Engine:
             stats = GradStats(
                 n_samples=int(n),
                 grad_sq_norm=float(g64 @ g64),
-                chunk_sq_norm_sum=float(sum(r["chunk_sq_norm_sum"] for r in replies)),
-                n_chunks=int(sum(r["n_chunks"] for r in replies)),
+                chunk_sq_norm_sum=float(total["chunk_sq_norm_sum"]),
+                n_chunks=int(total["n_chunks"]),
             )
         plan = self.damper.plan_update(state, int(n), stats)
         t_agg = time.perf_counter()
@@ -413,8 +432,8 @@ class Engine:
             "lr": lr,
             "n_workers": len(self.workers),
             "loss": loss,
-            "compute_time": timing["compute"],
-            "comm_time": max(0.0, round_trip - timing["compute"]),
+            "compute_time": total["compute"],
+            "comm_time": max(0.0, round_trip - total["compute"]),
             "aggregate_time": t_agg - t_back,
             "step_time": t_step - t_agg,
             "update_time": t_step - t_start,
@@ -462,3 +481,57 @@ class Engine:
             "dur": earlier + time.perf_counter() - start,
             "updates": updates,
         }
+
+
+class SharedBuffers:
+    """Weights and per-worker gradients in /dev/shm, for workers on the client's host.
+
+    Such workers map the client's weight buffer (the optimizer writes it in
+    place) and write their gradient sum into their own buffer, so an update
+    sends only example indices and gets back a few numbers: no copy of the
+    weights or gradients crosses a socket.  A worker proves it shares this
+    machine by reading a token file; others fall back to TCP.  The client
+    owns and removes every file.
+    """
+
+    ROOT = "/dev/shm"
+
+    def __init__(self, prefix: str, size: int):
+        self.prefix, self.size = prefix, size
+        self.token = uuid.uuid4().hex
+        with open(f"{prefix}-token", "w") as f:
+            f.write(self.token)
+        self.weights = shared_array(f"{prefix}-weights", size, create=True)
+        self.gradients: dict[str, np.ndarray] = {}
+        self._paths: dict[str, str] = {}
+        self._count = 0
+
+    @classmethod
+    def create(cls, fit_id: str, size: int) -> SharedBuffers | None:
+        if not os.path.isdir(cls.ROOT) or not os.access(cls.ROOT, os.W_OK):
+            return None
+        return cls(os.path.join(cls.ROOT, fit_id), size)
+
+    def offer(self, worker: str) -> dict:
+        """Create ``worker``'s gradient buffer; what its setup call needs to map both."""
+        self._count += 1
+        path = f"{self.prefix}-grad-{self._count}"
+        self._paths[worker] = path
+        self.gradients[worker] = shared_array(path, self.size, create=True)
+        return {"weights": f"{self.prefix}-weights", "gradient": path, "token_path": f"{self.prefix}-token",
+                "token": self.token}
+
+    def drop(self, worker: str) -> None:
+        self.gradients.pop(worker, None)
+        path = self._paths.pop(worker, None)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+
+    def close(self) -> None:
+        for worker in list(self._paths):
+            self.drop(worker)
+        for suffix in ("-weights", "-token"):
+            with contextlib.suppress(OSError):
+                os.remove(self.prefix + suffix)
+

@@ -1,0 +1,265 @@
+"""The runners: one function per peer, each ``run_<peer>(workload, X, y) -> dict``.
+
+Each returns ``train_s`` (the timed training only), ``n_updates``, the trained ``module``
+(its final loss is measured by the caller, the same way for every peer) and extras.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from distributed import Client, LocalCluster, WorkerPlugin
+from distributed.protocol import to_serialize
+from torch import nn
+
+from .workloads import WORKLOADS, Workload, batches, epoch_order
+
+# ------------------------------------------------------------------ (a) plain PyTorch
+
+
+def run_plain(wl: Workload, X, y) -> dict:
+    torch.set_num_threads(2)
+    model = wl.module()
+    opt = wl.optimizer(model.parameters())
+    crit = nn.CrossEntropyLoss()
+    Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
+    updates = 0
+    start = time.perf_counter()
+    for epoch in range(wl.epochs):
+        for idx in batches(len(X), wl.batch_size, epoch):
+            idx = torch.from_numpy(idx)
+            opt.zero_grad()
+            crit(model(Xt[idx]), yt[idx]).backward()
+            opt.step()
+            updates += 1
+    return {"train_s": time.perf_counter() - start, "n_updates": updates, "module": model}
+
+
+# ------------------------------------------------------------------ (b) torch DDP, gloo
+
+
+def _ddp_rank(rank: int, world: int, port: int, name: str, quick: bool, out: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    wl = WORKLOADS[name]
+    X, y = wl.data(quick)
+    Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
+    model = DistributedDataParallel(wl.module())
+    opt = wl.optimizer(model.parameters())
+    crit = nn.CrossEntropyLoss()
+    updates = 0
+    dist.barrier()
+    start = time.perf_counter()
+    for epoch in range(wl.epochs):
+        for idx in batches(len(X), wl.batch_size, epoch):
+            # Rank r takes part r of the global batch: the same batches as the other peers.
+            idx = torch.from_numpy(np.array_split(idx, world)[rank])
+            opt.zero_grad()
+            crit(model(Xt[idx]), yt[idx]).backward()
+            opt.step()
+            updates += 1
+    dist.barrier()
+    train_s = time.perf_counter() - start
+    if rank == 0:
+        torch.save({"train_s": train_s, "n_updates": updates, "state": model.module.state_dict()}, out)
+    dist.destroy_process_group()
+
+
+def run_ddp(wl: Workload, X, y, quick: bool, world: int = 2) -> dict:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank0.pt")
+        mp.spawn(_ddp_rank, args=(world, port, wl.name, quick, out), nprocs=world, join=True)
+        res = torch.load(out)
+    model = wl.module()
+    model.load_state_dict(res.pop("state"))
+    return {**res, "module": model}
+
+
+# ------------------------------------------------------------------ (c) skorch
+
+
+class EpochOrder(torch.utils.data.Sampler):
+    """Yields the same example order per epoch as the other peers."""
+
+    def __init__(self, n: int):
+        self.n, self.epoch = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        order = epoch_order(self.n, self.epoch)
+        self.epoch += 1
+        return iter(order.tolist())
+
+
+def run_skorch(wl: Workload, X, y) -> dict:
+    from skorch import NeuralNetClassifier
+
+    torch.set_num_threads(2)
+    net = NeuralNetClassifier(
+        module=wl.module(),
+        criterion=nn.CrossEntropyLoss,
+        optimizer=torch.optim.SGD,
+        lr=wl.lr,
+        optimizer__momentum=wl.momentum,
+        batch_size=wl.batch_size,
+        max_epochs=wl.epochs,
+        train_split=None,
+        iterator_train__sampler=EpochOrder(len(X)),
+        iterator_train__shuffle=False,
+        verbose=0,
+    )
+    start = time.perf_counter()
+    net.fit(X, y)
+    train_s = time.perf_counter() - start
+    updates = sum(len(row["batches"]) for row in net.history)
+    return {"train_s": train_s, "n_updates": updates, "module": net.module_}
+
+
+# ------------------------------------------------------------------ (d) adadamp
+
+
+def local_cluster(n_workers: int = 2):
+    """The cluster a user would start: LocalCluster of single-threaded worker processes."""
+    cluster = LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        silence_logs=logging.ERROR,
+    )
+    return cluster, Client(cluster, set_as_default=False)
+
+
+BREAKDOWN = ("compute_time", "comm_time", "aggregate_time", "step_time", "update_time")
+
+
+def breakdown(history: list[dict]) -> dict:
+    """Median per-update times (s) from ``history_``; ``other`` is what the named parts leave."""
+    ups = [u for row in history for u in row["updates"]]
+    out = {k.removesuffix("_time"): statistics.median(u[k] for u in ups) for k in BREAKDOWN}
+    out["overhead"] = statistics.median(u["update_time"] - u["compute_time"] for u in ups)
+    out["other"] = statistics.median(u["update_time"] - sum(u[k] for k in BREAKDOWN[:4]) for u in ups)
+    return out
+
+
+def run_adadamp(wl: Workload, X, y) -> dict:
+    from adadamp import DaskClassifier
+
+    torch.set_num_threads(1)  # the client only aggregates and steps
+    cluster, client = local_cluster(2)
+    try:
+        client.wait_for_workers(2)
+        est = DaskClassifier(
+            module=wl.module(),
+            optimizer=torch.optim.SGD,
+            optimizer__lr=wl.lr,
+            optimizer__momentum=wl.momentum,
+            batch_size=wl.batch_size,
+            max_epochs=wl.epochs,
+            random_state=0,
+            client=client,
+        )
+        start = time.perf_counter()
+        est.fit(X, y)
+        fit_s = time.perf_counter() - start
+    finally:
+        client.close()
+        cluster.close()
+    train_s = sum(row["dur"] for row in est.history_)
+    return {
+        "train_s": train_s,
+        "setup_s": fit_s - train_s,  # validation, worker set-up, data placement
+        "n_updates": est.loop_.n_updates,
+        "module": est.module_,
+        "breakdown": breakdown(est.history_),
+    }
+
+
+# ------------------------------------------------------------------ (e) the round-trip floor
+
+_ECHO_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-echo")
+
+
+async def _noop() -> dict:
+    return {}
+
+
+async def _echo(weights) -> dict:
+    """A gradient call without the gradient: weights in, through one compute thread, same size out."""
+
+    def work():
+        return to_serialize(np.array(weights, dtype=np.float32, copy=True))
+
+    return {"grad": await asyncio.get_running_loop().run_in_executor(_ECHO_POOL, work)}
+
+
+class FloorPlugin(WorkerPlugin):
+    """Installs the ``bench_noop`` and ``bench_echo`` RPC handlers, as adadamp's TrainerPlugin does."""
+
+    name = "bench-floor"
+
+    def setup(self, worker) -> None:
+        worker.handlers["bench_noop"] = _noop
+        worker.handlers["bench_echo"] = _echo
+
+
+def round_times(client, op: str, rounds: int, warmup: int = 10, **kwargs) -> list[float]:
+    """Seconds per synchronous round of ``op`` to every worker, by the engine's path:
+    ``client.rpc(address).<op>(...)`` fanned out with ``asyncio.gather`` inside ``client.sync``."""
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+
+    async def fan_out():
+        async def one(address):
+            return await asyncio.wait_for(getattr(client.rpc(address), op)(**kwargs), 60)
+
+        return await asyncio.gather(*(one(a) for a in workers))
+
+    times = []
+    for k in range(warmup + rounds):
+        start = time.perf_counter()
+        client.sync(fan_out)
+        if k >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def run_floor(wl: Workload, quick: bool) -> dict:
+    """Median empty round, and a round carrying ``n_params`` float32 each way."""
+    rounds = 30 if quick else 300
+    n_params = sum(p.numel() for p in wl.module().parameters())
+    weights = np.zeros(n_params, dtype=np.float32)
+    cluster, client = local_cluster(2)
+    try:
+        client.wait_for_workers(2)
+        client.register_plugin(FloorPlugin(), name=FloorPlugin.name)
+        empty = round_times(client, "bench_noop", rounds)
+        echo = round_times(client, "bench_echo", rounds, weights=to_serialize(weights))
+    finally:
+        client.close()
+        cluster.close()
+    return {
+        "floor_ms": 1e3 * statistics.median(empty),
+        "floor_weights_ms": 1e3 * statistics.median(echo),
+        "n_params": n_params,
+        "rounds": rounds,
+    }

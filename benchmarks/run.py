@@ -1,0 +1,234 @@
+"""Run the throughput benchmarks: plain PyTorch, DDP, skorch and adadamp on W1-W3, plus the floor.
+
+    python -m benchmarks.run                      # everything, 3 repeats (a few minutes)
+    python -m benchmarks.run --quick              # tiny sizes, 1 repeat (smoke test)
+    python -m benchmarks.run --workload W1 --peers plain adadamp floor --repeats 5
+
+Each run is a fresh Python process (clean peak memory, no shared state); it prints one
+JSON line.  At the end a Markdown table is printed and written to ``benchmarks/results.md``
+(``results-quick.md`` with ``--quick``).  See benchmarks/README.md for the columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from . import peers
+from .workloads import WORKLOADS, full_loss
+
+PEERS = ("plain", "ddp", "skorch", "adadamp", "floor")
+HERE = Path(__file__).resolve().parent
+
+
+# ------------------------------------------------------------------ one run (child process)
+class PeakRSS:
+    """Peak resident memory (MB) of this process plus all its descendants, sampled every 50 ms."""
+
+    def __init__(self):
+        self.peak, self._stop = 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            return
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total / 2**20)
+            time.sleep(0.05)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        # Fallback / floor: getrusage high-water marks (KB on Linux) of self and reaped children.
+        usage = sum(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        self.peak = max(self.peak, usage / 1024)
+
+
+def run_one(peer: str, name: str, quick: bool) -> dict:
+    wl = WORKLOADS[name]
+    with PeakRSS() as mem:
+        if peer == "floor":
+            res = peers.run_floor(wl, quick)
+        else:
+            X, y = wl.data(quick)
+            if peer == "ddp":
+                res = peers.run_ddp(wl, X, y, quick)
+            else:
+                res = getattr(peers, f"run_{peer}")(wl, X, y)
+            torch.set_num_threads(2)
+            res["final_loss"] = full_loss(res.pop("module"), X, y)
+            res["samples_per_s"] = len(X) * wl.epochs / res["train_s"]
+            res["updates_per_s"] = res["n_updates"] / res["train_s"]
+    return {"workload": name, "peer": peer, "quick": quick, **res, "peak_rss_mb": mem.peak}
+
+
+# ------------------------------------------------------------------ driver (parent process)
+def spawn_one(peer: str, name: str, quick: bool, repeat: int) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.run", "--one", peer, name] + ["--quick"] * quick
+    proc = subprocess.run(cmd, check=False, cwd=HERE.parent, capture_output=True, text=True, timeout=1800)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"workload": name, "peer": peer, "repeat": repeat, "error": proc.stderr.strip()[-2000:]}
+    return {**json.loads(lines[-1]), "repeat": repeat}
+
+
+def med(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def fmt(x, spec: str = ".3g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def tables(records: list[dict], quick: bool) -> str:
+    ok = [r for r in records if "error" not in r]
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in ok:
+        groups.setdefault((r["workload"], r["peer"]), []).append(r)
+    names = sorted({r["workload"] for r in records})
+    summary = {}
+    for (name, peer), rows in groups.items():
+        if peer == "floor":
+            summary[name, peer] = {k: med(rows, k) for k in ("floor_ms", "floor_weights_ms", "peak_rss_mb")}
+            continue
+        s = {k: med(rows, k) for k in ("samples_per_s", "updates_per_s", "final_loss", "train_s")}
+        s["peak_rss_mb"] = max(r["peak_rss_mb"] for r in rows)
+        s["n"] = len(rows)
+        if peer == "adadamp":
+            s["setup_s"] = med(rows, "setup_s")
+            s["bd"] = {k: statistics.median(r["breakdown"][k] for r in rows) for k in rows[0]["breakdown"]}
+        summary[name, peer] = s
+
+    out = [
+        f"# adadamp benchmarks{' (--quick)' if quick else ''}",
+        "",
+        (
+            f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.platform()}, {os.cpu_count()} CPUs, "
+            f"torch {torch.__version__}. Timings were taken while other work may have been running."
+        ),
+        "",
+        "## Throughput (median over repeats)",
+        "",
+        "| workload | peer | samples/s | updates/s | ratio to plain | final loss | loss vs plain | peak RSS MB | train s | runs |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        base = summary.get((name, "plain"))
+        for peer in PEERS[:4]:
+            s = summary.get((name, peer))
+            if s is None:
+                continue
+            ratio = s["samples_per_s"] / base["samples_per_s"] if base else None
+            dloss = f"{100 * (s['final_loss'] / base['final_loss'] - 1):+.2f}%" if base else "-"
+            out.append(
+                f"| {name} | {peer} | {s['samples_per_s']:,.0f} | {s['updates_per_s']:,.1f} | {fmt(ratio, '.2f')} "
+                f"| {s['final_loss']:.4f} | {dloss} | {s['peak_rss_mb']:,.0f} | {s['train_s']:.2f} | {s['n']} |"
+            )
+
+    floors = {name: summary[name, "floor"] for name in names if (name, "floor") in summary}
+    if floors:
+        out += ["", "## Dask round-trip floor (e): one synchronous direct RPC round to both workers", ""]
+        out += ["| workload | empty round ms | round with weights each way ms |", "|---|---:|---:|"]
+        out += [f"| {n} | {f['floor_ms']:.2f} | {f['floor_weights_ms']:.2f} |" for n, f in floors.items()]
+
+    bds = {name: summary[name, "adadamp"] for name in names if (name, "adadamp") in summary}
+    if bds:
+        out += ["", "## adadamp per-update breakdown (median ms over updates, from history_)", ""]
+        cols = ["workload", "compute", "comm", "aggregate", "step", "other", "update", "overhead", "floor"]
+        cols += ["overhead / floor", "overhead / weights floor", "fit set-up s"]
+        out += ["| " + " | ".join(cols) + " |", "|---" + "|---:" * (len(cols) - 1) + "|"]
+        for name, s in bds.items():
+            b = {k: 1e3 * v for k, v in s["bd"].items()}
+            floor = floors.get(name, {})
+            ratios = [b["overhead"] / floor[k] if k in floor else None for k in ("floor_ms", "floor_weights_ms")]
+            cells = " | ".join(f"{b[k]:.2f}" for k in ("compute", "comm", "aggregate", "step", "other", "update"))
+            out.append(
+                f"| {name} | {cells} | {b['overhead']:.2f} | {fmt(floor.get('floor_ms'), '.2f')} "
+                f"| {fmt(ratios[0], '.2f')} | {fmt(ratios[1], '.2f')} | {s['setup_s']:.1f} |"
+            )
+
+    out += ["", "## Bars", "", "| bar | value | pass |", "|---|---|---|"]
+    for text, value, passed in bars(summary, floors):
+        out.append(f"| {text} | {value} | {'PASS' if passed else 'FAIL'} |")
+    errors = [r for r in records if "error" in r]
+    if errors:
+        out += ["", "## Failed runs", ""]
+        out += [
+            f"- {r['workload']} {r['peer']} #{r['repeat']}: `{(r['error'].splitlines() or ['no output'])[-1]}`"
+            for r in errors
+        ]
+    return "\n".join(out) + "\n"
+
+
+def bars(summary: dict, floors: dict):
+    def sps(name, peer):
+        return summary.get((name, peer), {}).get("samples_per_s")
+
+    for name, peer, factor in (("W1", "ddp", 1.0), ("W3", "ddp", 1.0), ("W1", "plain", 0.7), ("W2", "ddp", 1.0)):
+        a, b = sps(name, "adadamp"), sps(name, peer)
+        if a and b:
+            yield f"{name}: adadamp samples/s >= {factor:g}x {peer}", f"{a / b:.2f}x", a >= factor * b
+    for name, f in floors.items():
+        s = summary.get((name, "adadamp"))
+        if s:
+            ratio = s["bd"]["overhead"] * 1e3 / f["floor_ms"]
+            yield f"{name}: per-update overhead <= 2x floor", f"{ratio:.2f}x", ratio <= 2
+    a, b = summary.get(("W1", "adadamp")), summary.get(("W1", "plain"))
+    if a and b:
+        rel = a["final_loss"] / b["final_loss"] - 1
+        yield "W1: final loss within 1% of plain", f"{100 * rel:+.2f}%", abs(rel) <= 0.01
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
+    ap.add_argument("--repeats", type=int, default=None, help="runs per (workload, peer); default 3, 1 with --quick")
+    ap.add_argument("--quick", action="store_true", help="tiny data sizes for a smoke test")
+    ap.add_argument("--out", type=Path, default=None, help="Markdown output (default benchmarks/results.md)")
+    ap.add_argument("--one", nargs=2, metavar=("PEER", "WORKLOAD"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(run_one(*args.one, args.quick)), flush=True)
+        return
+    repeats = args.repeats or (1 if args.quick else 3)
+    records = []
+    for repeat in range(repeats):  # interleave peers so slow drifts of the machine hit all of them
+        for name in args.workload:
+            for peer in args.peers:
+                rec = spawn_one(peer, name, args.quick, repeat)
+                print(json.dumps(rec), flush=True)
+                records.append(rec)
+    text = tables(records, args.quick)
+    print(text)
+    out = args.out or HERE / ("results-quick.md" if args.quick else "results.md")
+    out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
