@@ -14,6 +14,7 @@ _EXPORTS = {
     "DaskRegressor": "estimators",
     "ConvergenceError": "exceptions",
     "NoWorkersError": "exceptions",
+    "SchedulerLostError": "exceptions",
     "MLP": "modules",
     **{
         name: "dampers"
@@ -52,6 +53,7 @@ __all__ = [
     "NoWorkersError",
     "PadaDamp",
     "RadaDamp",
+    "SchedulerLostError",
     "dampers",
     "simulate",
 ]

@@ -98,7 +98,10 @@ def embedded_client(n_workers: int):
 
 def live_workers(client: Client) -> dict[str, dict]:
     """Address -> info of the workers the scheduler knows and considers running."""
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    info = client.scheduler_info(n_workers=-1)
+    if "workers" not in info:  # the client lost its scheduler
+        raise ConnectionError(f"no answer from the Dask scheduler (client status: {client.status})")
+    workers = info["workers"]
     return {a: w for a, w in workers.items() if w.get("status", "running") == "running"}
 
 

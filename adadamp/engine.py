@@ -41,7 +41,7 @@ from distributed.protocol import to_serialize
 from . import cluster as cl
 from ._worker import TrainerPlugin, bind_parameters, flatten_parameters, shared_array
 from .dampers import BaseDamper, GradStats, TrainState
-from .exceptions import ConvergenceError, NoWorkersError
+from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 
 logger = logging.getLogger("adadamp")
 
@@ -144,7 +144,7 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         with contextlib.suppress(Exception):
-            self._call_all([(w, "adadamp_release", {"fit_id": self.fit_id}) for w in self.workers])
+            self._call_all([(w, "adadamp_release", {"fit_id": self.fit_id}) for w in self.workers], timeout=5.0)
         # Give the parameters their own storage again, so the module pickles
         # compactly and outlives the flat buffer.
         for p in self.module.parameters():
@@ -162,8 +162,13 @@ class Engine:
 
     async def _gather_calls(self, calls, timeout):
         async def one(address, op, kwargs):
-            rpc = self.client.rpc(address)
-            return await asyncio.wait_for(getattr(rpc, op)(**kwargs), timeout)
+            try:
+                rpc = self.client.rpc(address)
+                return await asyncio.wait_for(getattr(rpc, op)(**kwargs), timeout)
+            except RuntimeError as err:  # the client's connection pool closed under us
+                if "closed" in str(err):
+                    raise CommClosedError(str(err)) from err
+                raise
 
         return await asyncio.gather(*(one(*c) for c in calls), return_exceptions=True)
 
@@ -174,7 +179,14 @@ class Engine:
         if not force and not lost and now - self._last_refresh < MEMBERSHIP_INTERVAL:
             return
         self._last_refresh = now
-        live = cl.live_workers(self.client)
+        try:
+            live = cl.live_workers(self.client)
+        except _LOST as err:
+            raise SchedulerLostError(
+                f"The Dask scheduler is unreachable ({err!r}) after {self.loop.n_updates} model updates. "
+                "A scheduler cannot be replaced during a fit: the estimator keeps the last good weights; "
+                "start a new cluster and resume with checkpoint=... (or warm_start=True)."
+            ) from err
         survivors = [w for w in self.workers if w in live and w not in lost]
         if self._shared is not None:
             for w in set(self.workers) - set(survivors):
@@ -188,6 +200,7 @@ class Engine:
                     kwargs["shared"] = self._shared.offer(w)
                 calls.append((w, "adadamp_setup", kwargs))
             replies = self._call_all(calls, timeout=max(60.0, self.policy.update_timeout))
+            replies = [CommClosedError("no reply") if r is None else r for r in replies]
             for w, r in zip(joined, replies):
                 if self._shared is not None and (isinstance(r, BaseException) or not r.get("shared")):
                     self._shared.drop(w)  # another host: weights and gradients go over TCP
@@ -202,6 +215,7 @@ class Engine:
         self._live_names = names
         new_workers = survivors + joined
         if not new_workers:
+            self.workers = []
             self._wait_for_workers()
             self._refresh_membership(force=True)
         elif new_workers != self.workers:
@@ -265,6 +279,7 @@ class Engine:
             if add[w] or drop[w]
         ]
         replies = self._call_all(calls, timeout=max(60.0, self.policy.update_timeout))
+        replies = [CommClosedError("no reply") if r is None else r for r in replies]
         failed = tuple(c[0] for c, r in zip(calls, replies) if isinstance(r, BaseException))
         for r in replies:
             if isinstance(r, BaseException) and not isinstance(r, _LOST):
@@ -349,7 +364,7 @@ class Engine:
             replies = self._call_all(calls)
             todo, lost = [], []
             for (w, _, _), sub, r in zip(calls, parts, replies):
-                if isinstance(r, _LOST):
+                if isinstance(r, _LOST) or r is None:  # None: the worker closed while answering
                     lost.append(w)
                     todo.append(sub)
                     continue

@@ -31,7 +31,7 @@ from . import checkpoint
 from . import cluster as cl
 from .dampers import BaseDamper, Constant
 from .engine import Engine, LoopState
-from .exceptions import ConvergenceError, NoWorkersError
+from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .modules import MLP
 
 __all__ = ["DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
@@ -316,14 +316,16 @@ class DaskBaseDamper(BaseEstimator):
         return np.ascontiguousarray(X), y
 
     # -------------------------------------------------------------- training
-    def fit(self, X, y, **fit_params) -> DaskBaseDamper:
+    def fit(self, X, y=None, **fit_params) -> DaskBaseDamper:
         """Train for ``max_epochs`` epochs (afresh unless ``warm_start``).
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, ...)
-            numpy, torch tensor, pandas, list or dask array; N-dimensional
-            inputs (images, sequences) are kept as they are.
+        X : array-like of shape (n_samples, ...) or torch Dataset
+            numpy, torch tensor, pandas, list or dask array (computed on the
+            client, then placed on the workers once); N-dimensional inputs
+            (images, sequences) are kept as they are.  A map-style torch
+            Dataset of ``(x, y)`` pairs is read once (then ``y=None``).
         y : array-like of shape (n_samples,) or (n_samples, n_targets)
 
         Returns
@@ -333,12 +335,14 @@ class DaskBaseDamper(BaseEstimator):
         warm = self.warm_start and _is_fitted(self)
         return self._fit(X, y, epochs=self.max_epochs, fresh=not warm, **fit_params)
 
-    def partial_fit(self, X, y, **fit_params) -> DaskBaseDamper:
+    def partial_fit(self, X, y=None, **fit_params) -> DaskBaseDamper:
         """Train for exactly one epoch, continuing from the fitted state."""
         return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), **fit_params)
 
     def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None):
         self._check_params()
+        if isinstance(X, torch.utils.data.Dataset):
+            X, y = _from_dataset(X, y)
         X, y = self._to_arrays(X, y, reset=fresh)
         y, targets = self._encode_targets(y, fresh=fresh, classes=classes)
         n_outputs = self._n_outputs(targets, y)
@@ -371,7 +375,7 @@ class DaskBaseDamper(BaseEstimator):
                 state["loop_"] = _resized(state["loop_"], len(X))
         try:
             self._train(state, X, y, epochs, epoch_updates)
-        except (ConvergenceError, NoWorkersError):
+        except (ConvergenceError, NoWorkersError, SchedulerLostError):
             self._commit(state)  # training stopped, but with the last good weights
             raise
         self._commit(state)
@@ -590,7 +594,7 @@ class DaskClassifier(ClassifierMixin, DaskBaseDamper):
 
     _default_criterion = nn.CrossEntropyLoss
 
-    def partial_fit(self, X, y, classes=None) -> DaskClassifier:
+    def partial_fit(self, X, y=None, classes=None) -> DaskClassifier:
         """Train one epoch; ``classes`` fixes the labels on the first call."""
         return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), classes=classes)
 
@@ -688,6 +692,8 @@ def _is_fitted(est) -> bool:
 def _as_numpy(X):
     if isinstance(X, torch.Tensor):
         return X.detach().cpu().numpy()
+    if isinstance(X, torch.utils.data.Dataset):
+        raise TypeError("A torch Dataset goes to fit as X with y=None; see DaskBaseDamper.fit.")
     try:
         import dask
 
@@ -696,6 +702,16 @@ def _as_numpy(X):
     except ImportError:  # pragma: no cover
         pass
     return X
+
+
+def _from_dataset(dataset, y):
+    """Materialise a map-style torch Dataset of ``(x, y)`` pairs (placed on the workers once)."""
+    if y is not None:
+        raise ValueError("With a torch Dataset as X, y must be None: the Dataset yields (x, y) pairs.")
+    pairs = [dataset[i] for i in range(len(dataset))]
+    X = np.stack([np.asarray(p[0]) for p in pairs])
+    y = np.asarray([np.asarray(p[1]) for p in pairs])
+    return X, y
 
 
 def _active_client():

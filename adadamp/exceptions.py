@@ -9,3 +9,7 @@ class ConvergenceError(ArithmeticError):
 
 class NoWorkersError(RuntimeError):
     """No Dask worker was left to train on, and none joined in time."""
+
+
+class SchedulerLostError(RuntimeError):
+    """The Dask scheduler is gone: training cannot go on; resume from a checkpoint."""

@@ -179,3 +179,55 @@ def test_jobqueue_local_cluster_survives_a_killed_job(data):
             cluster.close()
         except AssertionError:  # SpecCluster._close after a killed job (dask-engine.md §4.3)
             pass
+
+
+class Act(Constant):
+    """Constant batch that runs a test action at one update (test only)."""
+
+    def __init__(self, batch_size=32, momentum=None, at=3):
+        self.batch_size = batch_size
+        self.momentum = momentum
+        self.at = at
+
+    def next_batch_size(self, state):
+        if state.n_updates == self.at and "action" in _CLUSTERS:
+            _CLUSTERS.pop("action")()
+        return super().next_batch_size(state)
+
+
+def test_all_workers_gone_raises_after_timeout_and_keeps_weights(data):
+    from adadamp import NoWorkersError
+
+    X, y = data
+    with _cluster(2) as cluster, Client(cluster) as client:
+        _CLUSTERS["action"] = lambda: cluster.scale(0)
+        est = DaskClassifier(batch_size=Act(at=5), client=client, worker_timeout=2, max_epochs=2, random_state=0)
+        with pytest.raises(NoWorkersError, match="worker_timeout=2"):
+            est.fit(X, y)
+    assert est.loop_.n_updates >= 5  # retiring takes a moment
+    assert np.isfinite(est.predict_proba(X)).all()
+
+
+def test_scheduler_loss_says_so_and_keeps_weights(data):
+    from adadamp import SchedulerLostError
+
+    X, y = data
+    cluster = _cluster(2)
+    client = Client(cluster)
+    try:
+        _CLUSTERS["action"] = cluster.close
+        est = DaskClassifier(batch_size=Act(at=5), client=client, worker_timeout=2, max_epochs=2, random_state=0)
+        with pytest.raises(SchedulerLostError, match="checkpoint"):
+            est.fit(X, y)
+        assert est.loop_.n_updates == 5
+        assert np.isfinite(est.predict_proba(X)).all()
+    finally:
+        client.close()
+
+
+def test_torch_dataset_input(data, client):
+    X, y = data
+    dataset = torch.utils.data.TensorDataset(torch.tensor(X, dtype=torch.float32), torch.tensor(y))
+    est = DaskClassifier(max_epochs=1, random_state=0).fit(dataset)
+    assert est.n_features_in_ == X.shape[1] and list(est.classes_) == [0, 1, 2]
+    assert est.predict(X).shape == (len(X),)

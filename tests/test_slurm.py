@@ -307,7 +307,7 @@ def _progress() -> tuple[int, int]:
     from adadamp import _worker
 
     fits = list(_worker._FITS.values())
-    return sum(len(f.blocks) for f in fits), sum(getattr(f.module, "n_forward", 0) for f in fits)
+    return sum(len(f.block_index) for f in fits), sum(getattr(f.module, "n_forward", 0) for f in fits)
 
 
 def training_workers(client, min_forward: int = 1) -> dict[str, tuple[int, int]]:

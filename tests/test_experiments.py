@@ -1,0 +1,27 @@
+"""Smoke versions of the experiments (the full runs are by hand, see experiments/README.md)."""
+
+import importlib.util
+from pathlib import Path
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_batch_size_schedules_smoke(client, tmp_path):
+    exp = _load("batch_size_schedules")
+    result = exp.run(epochs=3, delay=1, seeds=[0], client=client)
+    schedules = result["schedules"]
+    assert set(schedules) == {"constant", "geodamp", "geodamp-2x", "geodamp-cap80"}
+    # the geometric schedule needs fewer model updates for the same epochs
+    assert schedules["geodamp"]["updates"] < schedules["constant"]["updates"]
+    assert all(0 < s["final_accuracy"] <= 1 for s in schedules.values())
+    report = exp.write_report(result)
+    assert "| geodamp |" in report
+    exp.plot(result, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 0
