@@ -79,6 +79,11 @@ def bind_parameters(
     return flat, grads
 
 
+def float_buffers(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Floating-point buffers (BatchNorm running statistics) that training updates."""
+    return [b for b in module.buffers() if b.is_floating_point()]
+
+
 def shared_array(path: str, size: int, create: bool = False) -> np.ndarray:
     """A float32 array in a file under /dev/shm: memory both processes map."""
     mode = "w+" if create else "r+"
@@ -271,7 +276,9 @@ async def _adadamp_gradient(fit_id: str, weights, indices, n_chunks: int, seed: 
         else:
             grad = to_serialize(total.detach().to("cpu", copy=True).numpy())
         state.inline = time.perf_counter() - start < INLINE_SECONDS
+        buffers = float_buffers(state.module)
         return {
+            "buffers": to_serialize(torch.cat([b.reshape(-1) for b in buffers]).cpu().numpy()) if buffers else None,
             "grad": grad,
             "n": n,
             "loss_sum": loss_sum,

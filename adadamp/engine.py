@@ -39,7 +39,7 @@ from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
 from . import cluster as cl
-from ._worker import TrainerPlugin, bind_parameters, flatten_parameters, shared_array
+from ._worker import TrainerPlugin, bind_parameters, flatten_parameters, float_buffers, shared_array
 from .dampers import BaseDamper, GradStats, TrainState
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 
@@ -376,6 +376,9 @@ class Engine:
                         np.copyto(self.grads_np, grad)
                     else:
                         np.add(self.grads_np, grad, out=self.grads_np)
+                if r.get("buffers") is not None:  # running statistics, averaged by examples
+                    weighted = r["buffers"] * r["n"]
+                    total["buffers"] = weighted if total["n"] == 0 else total["buffers"] + weighted
                 for key in ("n", "loss_sum", "chunk_sq_norm_sum", "n_chunks"):
                     total[key] += r[key]
                 total["compute"] = max(total["compute"], r["compute_time"])
@@ -410,6 +413,8 @@ class Engine:
 
         n = total["n"]
         loss = total["loss_sum"] / n
+        if "buffers" in total:
+            self._set_buffers(total["buffers"] / n)
         with np.errstate(invalid="ignore", over="ignore"):
             self.grads_np *= 1.0 / n
         if not math.isfinite(loss) or not np.isfinite(self.grads_np).all():
@@ -453,6 +458,14 @@ class Engine:
             "step_time": t_step - t_agg,
             "update_time": t_step - t_start,
         }
+
+    def _set_buffers(self, values: np.ndarray) -> None:
+        """The module's BatchNorm-style statistics: the workers' example-weighted mean (algorithms.md P17)."""
+        offset = 0
+        with torch.no_grad():
+            for b in float_buffers(self.module):
+                b.copy_(torch.from_numpy(values[offset : offset + b.numel()]).view_as(b))
+                offset += b.numel()
 
     def _apply_plan(self, plan) -> float:
         if plan.momentum_buffer_scale != 1.0:

@@ -318,3 +318,22 @@ def test_divergence_raises_and_keeps_last_finite_weights(client, reg_data):
         est.fit(X, y * 1e3)
     assert all(torch.isfinite(p).all() for p in est.module_.parameters())
     assert np.isfinite(est.predict(X)).all()
+
+
+def test_batchnorm_running_statistics_come_back_from_the_workers(client):
+    class BNNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(4)
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(self.bn(x))
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(loc=5.0, scale=3.0, size=(256, 4))
+    y = (X[:, 0] > 5).astype(int)
+    est = DaskClassifier(module=BNNet, optimizer__lr=0.05, max_epochs=5, random_state=0).fit(X, y)
+    mean = est.module_.bn.running_mean.numpy()
+    np.testing.assert_allclose(mean, X.mean(axis=0), rtol=0.1)  # not the initial zeros
+    assert est.score(X, y) > 0.8
