@@ -16,6 +16,9 @@ _EXPORTS = {
     "NoWorkersError": "exceptions",
     "SchedulerLostError": "exceptions",
     "MLP": "modules",
+    "Callback": "callbacks",
+    "EarlyStopping": "callbacks",
+    "ProgressBar": "callbacks",
     **{
         name: "dampers"
         for name in (
@@ -40,6 +43,7 @@ __all__ = [
     "AdaDamp",
     "AdaScale",
     "BaseDamper",
+    "Callback",
     "CntsDampLR",
     "Constant",
     "ConvergenceError",
@@ -47,11 +51,13 @@ __all__ = [
     "DaskClassifier",
     "DaskRegressor",
     "DynamicSGD",
+    "EarlyStopping",
     "GeoDamp",
     "GeoDampLR",
     "GradientDescent",
     "NoWorkersError",
     "PadaDamp",
+    "ProgressBar",
     "RadaDamp",
     "SchedulerLostError",
     "dampers",

@@ -13,6 +13,7 @@ import copy
 import difflib
 import inspect
 import json
+import logging
 import numbers
 import os
 import types
@@ -22,11 +23,13 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.exceptions import DataConversionWarning
+from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
 
+from . import callbacks as callbacks_mod
 from . import checkpoint
 from . import cluster as cl
 from .dampers import BaseDamper, Constant
@@ -35,6 +38,8 @@ from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .modules import MLP
 
 __all__ = ["DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
+
+logger = logging.getLogger("adadamp")
 
 ROUTED = ("module", "criterion", "optimizer", "batch_size", "callbacks")
 
@@ -110,6 +115,15 @@ class DaskBaseDamper(BaseEstimator):
         uninterrupted run would have.
     checkpoint_every : int or None, default=None
         Also checkpoint every this many model updates (None: epochs only).
+    validation_fraction : float or None, default=None
+        Hold out this fraction of ``X`` (seeded) and record ``valid_loss``
+        per epoch (for ``EarlyStopping``).  None: no internal split, so
+        ``GridSearchCV`` does the validating.
+    callbacks : list of Callback or (name, Callback), default=None
+        Hooks named as in skorch (``on_train_begin/end``,
+        ``on_epoch_begin/end``, ``on_update_end``), e.g. ``EarlyStopping``,
+        ``ProgressBar`` (see :mod:`adadamp.callbacks`); parameters route as
+        ``callbacks__<name>__<param>``.
     verbose : int, default=0
         1 prints one line per epoch.
     **kwargs
@@ -158,6 +172,8 @@ class DaskBaseDamper(BaseEstimator):
         update_timeout: float = 120.0,
         checkpoint=None,
         checkpoint_every: int | None = None,
+        validation_fraction: float | None = None,
+        callbacks=None,
         verbose: int = 0,
         **kwargs,
     ):
@@ -179,6 +195,8 @@ class DaskBaseDamper(BaseEstimator):
         self.update_timeout = update_timeout
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
+        self.validation_fraction = validation_fraction
+        self.callbacks = callbacks
         self.verbose = verbose
         for key, value in kwargs.items():
             setattr(self, key, value)
@@ -247,6 +265,10 @@ class DaskBaseDamper(BaseEstimator):
             )
         if not isinstance(self.device, (str, torch.device)):
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda'; got {self.device!r}.")
+        vf = self.validation_fraction
+        if vf is not None and not (isinstance(vf, numbers.Real) and 0 < vf < 1):
+            raise ValueError(f"validation_fraction must be None or in (0, 1); got {vf!r}.")
+        callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
         if not (isinstance(self.optimizer, type) and issubclass(self.optimizer, torch.optim.Optimizer)):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer class; got {self.optimizer!r}.")
 
@@ -346,8 +368,12 @@ class DaskBaseDamper(BaseEstimator):
         X, y = self._to_arrays(X, y, reset=fresh)
         y, targets = self._encode_targets(y, fresh=fresh, classes=classes)
         n_outputs = self._n_outputs(targets, y)
+        seed = int(check_random_state(self.random_state).randint(2**31 - 1)) if fresh else self.loop_.seed
+        valid = None
+        if self.validation_fraction:
+            X, X_valid, y, y_valid = train_test_split(X, y, test_size=self.validation_fraction, random_state=seed)
+            valid = (X_valid, y_valid)
         if fresh:
-            seed = int(check_random_state(self.random_state).randint(2**31 - 1))
             module = self._build_module(int(np.prod(X.shape[1:])), n_outputs, seed)
             criterion = self._build_criterion()
             self._check_output_shape(module, criterion, X, y, n_outputs)
@@ -374,7 +400,7 @@ class DaskBaseDamper(BaseEstimator):
             if state["loop_"].n_data != len(X):
                 state["loop_"] = _resized(state["loop_"], len(X))
         try:
-            self._train(state, X, y, epochs, epoch_updates)
+            self._train(state, X, y, epochs, epoch_updates, valid)
         except (ConvergenceError, NoWorkersError, SchedulerLostError):
             self._commit(state)  # training stopped, but with the last good weights
             raise
@@ -402,14 +428,21 @@ class DaskBaseDamper(BaseEstimator):
         state.update(saved["targets"], damper_=saved["damper"], loop_=loop, history_=list(saved["history"]))
         return saved["epoch_updates"]
 
-    def _train(self, state: dict, X: np.ndarray, y: np.ndarray, epochs: int, epoch_updates: list) -> None:
+    def _train(self, state: dict, X, y, epochs: int, epoch_updates: list, valid=None) -> None:
         if epochs <= 0:
             return
+        named = callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
+        hooks = [cb for _, cb in named]
+
+        def call(hook, **info):
+            for cb in hooks:
+                getattr(cb, hook)(self, module=state["module_"], history=state["history_"], **info)
 
         def on_update(updates):
             every = self.checkpoint_every
             if self.checkpoint is not None and every and state["loop_"].n_updates % every == 0:
                 checkpoint.save(self.checkpoint, state, updates)
+            call("on_update_end", record=updates[-1])
 
         with self._client_context(state) as (client, policy):
             engine = Engine(
@@ -425,14 +458,36 @@ class DaskBaseDamper(BaseEstimator):
                 device=str(self.device),
             )
             with engine:
-                for _ in range(epochs):
-                    row = engine.run_epoch(epoch_updates, on_update)
-                    epoch_updates = []
-                    state["history_"].append(row)
-                    if self.checkpoint is not None:
-                        checkpoint.save(self.checkpoint, state, [])
-                    if self.verbose:
-                        _print_row(row, header=len(state["history_"]) == 1)
+                call("on_train_begin")
+                try:
+                    for _ in range(epochs):
+                        call("on_epoch_begin", epoch=len(state["history_"]) + 1, n_data=len(X))
+                        row = engine.run_epoch(epoch_updates, on_update)
+                        epoch_updates = []
+                        if valid is not None:
+                            row["valid_loss"] = self._loss(state, *valid)
+                        state["history_"].append(row)
+                        if self.checkpoint is not None:
+                            checkpoint.save(self.checkpoint, state, [])
+                        if self.verbose:
+                            _print_row(row, header=len(state["history_"]) == 1)
+                        call("on_epoch_end", row=row)
+                except callbacks_mod.StopTraining as stop:
+                    logger.info("training stopped early: %s", stop)
+                call("on_train_end")
+
+    @staticmethod
+    def _loss(state: dict, X: np.ndarray, y: np.ndarray) -> float:
+        """Mean criterion over held-out data (eval mode, on the client)."""
+        module, criterion = state["module_"], state["criterion_"]
+        module.eval()
+        total = 0.0
+        with torch.no_grad():
+            for start in range(0, len(X), 4096):
+                xb, yb = torch.tensor(X[start : start + 4096]), torch.from_numpy(y[start : start + 4096])
+                total += float(criterion(module(xb), yb)) * len(xb)
+        module.train()
+        return total / len(X)
 
     @contextlib.contextmanager
     def _client_context(self, state: dict):
@@ -770,7 +825,8 @@ def _did_you_mean(key: str, known) -> str:
 
 
 def _print_row(row: dict, header: bool) -> None:
-    cols = ("epoch", "train_loss", "batch_size", "lr", "n_workers", "n_updates", "dur")
+    cols = ("epoch", "train_loss", *(("valid_loss",) if "valid_loss" in row else ()), "batch_size", "lr",
+            "n_workers", "n_updates", "dur")
     if header:
         print("  ".join(f"{c:>10}" for c in cols))
     cells = []
