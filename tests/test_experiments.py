@@ -25,3 +25,15 @@ def test_batch_size_schedules_smoke(client, tmp_path):
     assert "| geodamp |" in report
     exp.plot(result, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_adascale_scaling_smoke(client):
+    exp = _load("adascale_scaling")
+    result = exp.run(scales=[1, 4], epochs=2, seeds=[0], client=client)
+    rows = {(r["S"], r["method"]): r for r in result["rows"]}
+    # S = 1: plain SGD both ways (AdaScale counts b0 examples per update, also for an epoch's short last batch)
+    assert abs(rows[(1, "adascale")]["updates"] - rows[(1, "linear")]["updates"]) <= 2
+    adascale = rows[(4, "adascale")]
+    assert rows[(4, "linear")]["updates"] <= adascale["updates"] <= rows[(1, "adascale")]["updates"]
+    assert 1.0 <= adascale["last_gain"] <= 4.0
+    assert "| 4 | 64 | adascale |" in exp.write_report(result)
