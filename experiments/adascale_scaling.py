@@ -17,17 +17,16 @@ Writes ``adascale_scaling.md`` beside this file.  Run: ``python experiments/adas
 from __future__ import annotations
 
 import argparse
-import logging
+import sys
 from pathlib import Path
 
 import numpy as np
-import torch
-from distributed import Client, LocalCluster
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
-from adadamp import AdaScale, DaskClassifier
+from adadamp import AdaScale
 from adadamp.dampers import BaseDamper, UpdatePlan
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import digits_classifier, digits_split, local_client
 
 HERE = Path(__file__).resolve().parent
 B0 = 16
@@ -65,16 +64,7 @@ class LinearScalingWarmup(BaseDamper):
 
 def train(damper, epochs: int, seed: int, client, data) -> dict:
     X_train, X_test, y_train, y_test = data
-    est = DaskClassifier(
-        module__hidden=(128,),
-        optimizer=torch.optim.SGD,
-        optimizer__lr=LR,
-        optimizer__momentum=0.9,
-        batch_size=damper,
-        max_epochs=epochs,
-        random_state=seed,
-        client=client,
-    )
+    est = digits_classifier(damper, LR, seed, client, max_epochs=epochs)
     try:
         est.fit(X_train, y_train)
         accuracy = est.score(X_test, y_test)
@@ -87,8 +77,7 @@ def train(damper, epochs: int, seed: int, client, data) -> dict:
 
 
 def run(scales: list[int], epochs: int, seeds: list[int], client) -> dict:
-    X, y = load_digits(return_X_y=True)
-    data = train_test_split(X / 16.0, y, test_size=0.25, random_state=0, stratify=y)
+    data = digits_split()
     n_train = len(data[0])
     total = epochs * n_train / B0  # scale-1 iterations T_SI
     schedule = StepSchedule(total)
@@ -142,10 +131,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     args = parser.parse_args()
-    with (
-        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None, silence_logs=logging.ERROR) as cluster,
-        Client(cluster) as client,
-    ):
+    with local_client() as client:
         result = run(args.scales, args.epochs, args.seeds, client)
     report = write_report(result)
     print(report)

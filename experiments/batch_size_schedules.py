@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
+import sys
 from pathlib import Path
 
 import numpy as np
-import torch
-from distributed import Client, LocalCluster
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
-from adadamp import DaskClassifier
 from adadamp.dampers import GeoDamp, GeoDampLR
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import digits_classifier, digits_split, local_client
 
 HERE = Path(__file__).resolve().parent
 LR = 0.05
@@ -49,15 +47,7 @@ def schedules(delay: int, lr: float = LR) -> dict:
 def train(damper, lr: float, epochs: int, seed: int, client, data) -> list[dict]:
     """One run; a row per epoch with the test accuracy and the model updates so far."""
     X_train, X_test, y_train, y_test = data
-    est = DaskClassifier(
-        module__hidden=(128,),
-        optimizer=torch.optim.SGD,
-        optimizer__lr=lr,
-        optimizer__momentum=0.9,
-        batch_size=damper,
-        random_state=seed,
-        client=client,
-    )
+    est = digits_classifier(damper, lr, seed, client)
     rows = []
     for _ in range(epochs):
         est.partial_fit(X_train, y_train, classes=np.arange(10))
@@ -84,8 +74,7 @@ def updates_to_reach(rows: list[dict], target: float) -> int | None:
 
 
 def run(epochs: int, delay: int, seeds: list[int], client, lr: float = LR) -> dict:
-    X, y = load_digits(return_X_y=True)
-    data = train_test_split(X / 16.0, y, test_size=0.25, random_state=0, stratify=y)
+    data = digits_split()
     runs = {name: [train(d, lr, epochs, s, client, data) for s in seeds] for name, (d, lr) in schedules(delay, lr).items()}
     summary = {}
     for name, per_seed in runs.items():
@@ -155,10 +144,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--lr", type=float, default=LR)
     args = parser.parse_args()
-    with (
-        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None, silence_logs=logging.ERROR) as cluster,
-        Client(cluster) as client,
-    ):
+    with local_client() as client:
         result = run(args.epochs, args.delay, args.seeds, client, lr=args.lr)
     report = write_report(result)
     print(report)

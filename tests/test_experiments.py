@@ -37,3 +37,12 @@ def test_adascale_scaling_smoke(client):
     assert rows[(4, "linear")]["updates"] <= adascale["updates"] <= rows[(1, "adascale")]["updates"]
     assert 1.0 <= adascale["last_gain"] <= 4.0
     assert "| 4 | 64 | adascale |" in exp.write_report(result)
+
+
+def test_dynamic_sgd_smoke(client):
+    exp = _load("dynamic_sgd")
+    result = exp.run(epochs=2, points={"early": 1}, seeds=[0], client=client)
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"fixed", "linear", "dynamic", "velocity", "decrease"}
+    assert all(r["spike"] > 0 for r in rows.values())
+    assert "| early (epoch 1) | dynamic |" in exp.write_report(result)
