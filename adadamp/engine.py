@@ -164,11 +164,14 @@ class Engine:
         async def one(address, op, kwargs):
             try:
                 rpc = self.client.rpc(address)
-                return await asyncio.wait_for(getattr(rpc, op)(**kwargs), timeout)
+                reply = await asyncio.wait_for(getattr(rpc, op)(**kwargs), timeout)
             except RuntimeError as err:  # the client's connection pool closed under us
                 if "closed" in str(err):
                     raise CommClosedError(str(err)) from err
                 raise
+            if reply is None:  # the worker closed while answering
+                raise CommClosedError(f"{address} closed without answering {op}")
+            return reply
 
         return await asyncio.gather(*(one(*c) for c in calls), return_exceptions=True)
 
@@ -200,11 +203,9 @@ class Engine:
                     kwargs["shared"] = self._shared.offer(w)
                 calls.append((w, "adadamp_setup", kwargs))
             replies = self._call_all(calls, timeout=max(60.0, self.policy.update_timeout))
-            replies = [CommClosedError("no reply") if r is None else r for r in replies]
             for w, r in zip(joined, replies):
                 if self._shared is not None and (isinstance(r, BaseException) or not r.get("shared")):
                     self._shared.drop(w)  # another host: weights and gradients go over TCP
-            for w, r in zip(joined, replies):
                 if isinstance(r, BaseException):
                     if not isinstance(r, _LOST):
                         raise r
@@ -239,7 +240,6 @@ class Engine:
                         f"(after {self.loop.n_updates} model updates). The estimator keeps the last good "
                         "weights; add workers to the cluster and call fit again with warm_start=True."
                     ) from err
-        self.workers = []
 
     def _heal(self, force: bool = False) -> None:
         """Ask again for workers the cluster lost (preempted jobs, worker lifetimes)."""
@@ -279,7 +279,6 @@ class Engine:
             if add[w] or drop[w]
         ]
         replies = self._call_all(calls, timeout=max(60.0, self.policy.update_timeout))
-        replies = [CommClosedError("no reply") if r is None else r for r in replies]
         failed = tuple(c[0] for c, r in zip(calls, replies) if isinstance(r, BaseException))
         for r in replies:
             if isinstance(r, BaseException) and not isinstance(r, _LOST):
@@ -364,7 +363,7 @@ class Engine:
             replies = self._call_all(calls)
             todo, lost = [], []
             for (w, _, _), sub, r in zip(calls, parts, replies):
-                if isinstance(r, _LOST) or r is None:  # None: the worker closed while answering
+                if isinstance(r, _LOST):
                     lost.append(w)
                     todo.append(sub)
                     continue

@@ -87,6 +87,11 @@ def _ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
+def _say_log(config, label: str, log: list, n: int) -> None:
+    """The last ``n`` lines of adadamp's log, for CI's output."""
+    _say(config, f"[slurm] {label}: engine log:\n  " + "\n  ".join(log[-n:]))
+
+
 def _say(config, line: str) -> None:
     """Print to the terminal even under output capture (pytest -q shows it in CI's log)."""
     capman = config.pluginmanager.getplugin("capturemanager")
@@ -120,7 +125,7 @@ def slurm(request):
     if reason is not None:
         if _ci():
             pytest.fail(f"{reason}\n(CI is set: the SLURM tests must run in CI)", pytrace=False)
-        pytest.skip(reason)
+        pytest.skip(reason=reason)
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     started_here = "started: nothing" not in last
     _say(request.config, f"[slurm] {last}")
@@ -394,7 +399,7 @@ def test_fit_grows_trains_shrinks_and_jobs_end(slurm, tmp_path, request):
         assert not jobs.active()
         assert len(est.history_) == 8
         if log:
-            _say(request.config, "[slurm] grow: engine log:\n  " + "\n  ".join(log[-15:]))
+            _say_log(request.config, "grow", log, 15)
     jobs.report(request.config, "grow+shrink")
     assert all(state in FINISHED for state in final.values()), final
 
@@ -444,10 +449,7 @@ def test_fit_waits_for_queued_jobs(slurm, tmp_path, request):
             f"workers per update {_runs(per_update)}",
         )
         if log:
-            _say(request.config, "[slurm] queued: engine log:\n  " + "\n  ".join(log[-10:]))
-        cluster.scale(0)
-        with contextlib.suppress(AssertionError):
-            jobs.wait_all_ended(60)
+            _say_log(request.config, "queued", log, 10)
     jobs.report(request.config, "queued")
     assert not thread.is_alive(), "the fit did not finish within 120 s after the jobs were released"
     assert "error" not in outcome, (
@@ -510,9 +512,6 @@ def preempted_fit(slurm, tmp_path_factory, request):
         result["est"] = est
         result["states_before_close"] = jobs.states()
         result["log"] = list(log)
-        cluster.scale(0)
-        with contextlib.suppress(AssertionError):
-            jobs.wait_all_ended(60)
     result["jobs"] = jobs.report(request.config, "preemption")
     per_update = workers_per_update(est) if hasattr(est, "history_") else []
     _say(
@@ -523,7 +522,7 @@ def preempted_fit(slurm, tmp_path_factory, request):
         f"workers per update {_runs(per_update)}; jobs {result['states_before_close']}",
     )
     if result["log"]:
-        _say(request.config, "[slurm] preemption: engine log:\n  " + "\n  ".join(result["log"][-15:]))
+        _say_log(request.config, "preemption", result["log"], 15)
     return result
 
 
@@ -575,7 +574,7 @@ def test_workers_rotate_before_walltime(slurm, tmp_path, request):
             "lifetime",
             walltime="00:01:00",
             worker_extra_args=["--lifetime", "25s", "--lifetime-stagger", "5s"],
-        ) as (cluster, client, jobs),
+        ) as (_cluster, client, jobs),
         engine_log() as log,
     ):
         est = slow_regressor(
@@ -605,10 +604,7 @@ def test_workers_rotate_before_walltime(slurm, tmp_path, request):
             f"workers per update {_runs(per_update)}; jobs {states}",
         )
         if log:
-            _say(request.config, "[slurm] lifetime: engine log:\n  " + "\n  ".join(log[-20:]))
-        cluster.scale(0)
-        with contextlib.suppress(AssertionError):
-            jobs.wait_all_ended(60)
+            _say_log(request.config, "lifetime", log, 20)
     jobs_final = jobs.report(request.config, "lifetime")
     assert error is None, f"the fit failed while workers rotated: {error!r}\n{tb}"
     assert len(est.history_) == 60
