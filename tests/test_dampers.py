@@ -6,6 +6,7 @@ in numpy from per-shard gradient sums, as the engine would.  No Dask.
 """
 
 import doctest
+import importlib
 import inspect
 import math
 import pickle
@@ -167,8 +168,13 @@ def test_trainstate_loss_field_is_optional():
 
 
 def test_docstring_examples():
-    result = doctest.testmod(dampers, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 20 and result.failed == 0
+    attempted = 0
+    for name in ("adascale", "base", "damping", "dynamic_sgd", "momentum", "simulation"):
+        module = importlib.import_module(f"adadamp.dampers.{name}")
+        result = doctest.testmod(module, extraglobs=vars(dampers), optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, name
+        attempted += result.attempted
+    assert attempted > 20
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,28 @@
+"""Argument checks shared by the dampers (errors name the parameter)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _ceil(x: float) -> int:
+    """``ceil`` that ignores float noise (``4.000000000001`` -> 4)."""
+    return math.ceil(round(float(x), 9))
+
+
+def _check_int(value, name: str, low: int, owner: str = "") -> None:
+    prefix = f"{owner}: " if owner else ""
+    if isinstance(value, bool) or not isinstance(value, (int,)) and not (
+        hasattr(value, "__index__")
+    ):
+        raise ValueError(
+            f"{prefix}{name} must be an integer >= {low}; got {value!r}."
+        )
+    if int(value) < low:
+        raise ValueError(f"{prefix}{name} must be >= {low}; got {value!r}.")
+

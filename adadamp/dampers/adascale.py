@@ -1,0 +1,277 @@
+"""AdaScale (Johnson et al. 2020)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from sklearn.base import clone
+
+from ._validation import _check_int, _is_real
+from .base import BaseDamper, GradStats, TrainState, UpdatePlan, _base_batch_size, _make_schedule
+from .momentum import _check_momentum, _resolve_momentum
+
+
+class AdaScale(BaseDamper):
+    r"""Scale the learning rate by the gain ratio (AdaScale SGD).
+
+    Johnson et al. 2020, "AdaScale SGD: A user-friendly algorithm for
+    distributed training", Alg. 2.  With base batch size ``b0`` (the batch
+    size the learning-rate schedule ``lr(.)`` was tuned for) and scale
+    ``S_t = B_t / b0``, each update uses
+
+    .. math::
+
+        r_t = \frac{\sigma^2/b_0 + \mu^2}{\sigma^2/B_t + \mu^2}, \qquad
+        \eta_t = r_t \cdot \mathrm{lr}(\lfloor\tau_t\rfloor), \qquad
+        \tau_{t+1} = \tau_t + r_t
+
+    where ``sigma^2`` is the per-example gradient variance (trace of the
+    covariance) and ``mu^2 = ||grad F||^2``.  ``r_t`` interpolates between
+    identity scaling (``r = 1``, gradient dominated) and linear scaling
+    (``r = S``, noise dominated).  ``tau`` counts scale-invariant (base-batch)
+    iterations; each update advances the engine's epoch clock by
+    ``progress = r_t * b0`` examples, so epochs are scale-invariant epochs
+    ``tau * b0 / n_data`` and training stops after as many of them as the
+    scale-1 run (``algorithms.md`` §2.7).
+
+    Estimation (``algorithms.md`` §2.3, unbiased for unequal chunks): from
+    ``GradStats`` with ``N`` examples in ``k >= 2`` chunks,
+    ``Q = sum_j ||G_j||^2 / n_j`` and ``g = ||g_bar||^2``,
+
+    .. math::
+
+        \hat\sigma^2 = \frac{Q - N g}{k - 1}, \qquad
+        \hat\mu^2 = g - \hat\sigma^2 / N .
+
+    Both are smoothed by a debiased exponential moving average with weight
+    ``theta_t = smoothing ** S_t`` (a memory of about ``1/(1 - smoothing)``
+    base batches, as adaptdl), updated *before* the gain is computed, and
+    clamped only at use: ``var = max(sigma2_avg / b0, 1e-6)``,
+    ``sqr = max(mu2_avg, 0)``, so ``1 <= r <= S`` for ``S >= 1``.  ``r = 1``
+    exactly when ``S == 1`` (bit-identical to plain SGD) and before the first
+    estimate; updates with ``k < 2`` or non-finite statistics leave the
+    averages unchanged.  A change of the batch size does not touch the
+    averages (they are per example; fairscale's rescale is not copied).
+
+    Parameters
+    ----------
+    batch_size : int or damper, default=32
+        The batch schedule at scale: a constant batch size, or a damper
+        whose batch sizes are used (e.g. ``GeoDamp(initial=128, ...)``).  The
+        wrapped damper's own learning-rate factor (its ``max_batch_size``
+        rule) is ignored: AdaScale owns the learning rate (§2.7).  Its
+        momentum is used when ``momentum`` is None.
+    base_batch_size : int or None, default=None
+        ``b0``.  None takes the wrapped damper's ``initial`` (or
+        ``batch_size`` of a :class:`Constant`), or ``batch_size`` itself when
+        it is an int (then ``S = 1``: plain SGD).
+    lr_schedule : None, callable or damper, default=None
+        The scale-1 learning-rate schedule as a factor of the base learning
+        rate, indexed by scale-invariant iterations ``t = floor(tau)``:
+        a callable ``lr_schedule(t) -> float``, or a damper run at scale 1
+        (e.g. ``GeoDampLR(initial=b0, delay=60, factor=5)``: its
+        learning-rate factor at iteration ``t``, epoch ``t * b0 / n_data``).
+        None is a constant schedule (factor 1).
+    smoothing : float, default=0.999
+        Per-base-batch weight of the moving averages, in (0, 1).
+    momentum : None, float, callable or "tang", default=None
+        Momentum rule (see :func:`tang_momentum`).  Johnson et al. keep
+        momentum fixed (0.9); it scales with the learning rate as in
+        fairscale.
+
+    Attributes
+    ----------
+    gain_ : float
+        Gain ratio ``r`` of the last update.
+    tau_ : float
+        Scale-invariant iterations so far.
+    base_batch_size_ : int
+        ``b0``.
+
+    Notes
+    -----
+    Workers must return per-chunk statistics (``needs_grad_stats``); with a
+    single chunk no estimate is possible (one backward over many examples is
+    one sample, fairscale ``test_loss_accum_cpu``).  AdaScale is defined for
+    SGD with or without momentum, not for Adam.
+
+    Examples
+    --------
+    >>> d = AdaScale(batch_size=2, base_batch_size=1).reset(n_data=1000)
+    >>> s = TrainState(0, 0, 0.0, 1000, 2)
+    >>> d.next_batch_size(s)
+    2
+    >>> # two orthogonal one-example chunks: pure noise, so r = S (linear)
+    >>> plan = d.plan_update(s, 2, GradStats(2, 0.5, 2.0, 2))
+    >>> float(plan.lr_factor), float(plan.progress)
+    (2.0, 2.0)
+
+    Growing the batch with GeoDamp while following a scale-1 step decay:
+
+    >>> d = AdaScale(batch_size=GeoDamp(initial=128, delay=60, factor=5),
+    ...              lr_schedule=GeoDampLR(initial=128, delay=60, factor=5))
+    >>> d.reset(n_data=50_000).base_batch_size_
+    128
+    """
+
+    needs_grad_stats = True
+
+    def __init__(
+        self,
+        batch_size=32,
+        base_batch_size: int | None = None,
+        lr_schedule=None,
+        smoothing: float = 0.999,
+        momentum=None,
+    ):
+        self.batch_size = batch_size
+        self.base_batch_size = base_batch_size
+        self.lr_schedule = lr_schedule
+        self.smoothing = smoothing
+        self.momentum = momentum
+
+    # -- pure helpers ------------------------------------------------------
+
+    @staticmethod
+    def estimate(stats: GradStats | None):
+        """Unbiased ``(sigma2, mu2)`` of one update (§2.3 eq. 2.2-2.3).
+
+        Returns None when there are fewer than two chunks or the result is
+        not finite.  ``sigma2`` is the per-example variance; ``mu2`` may be
+        negative (it is clamped only at use).
+        """
+        if stats is None or stats.n_chunks < 2 or stats.n_samples < 2:
+            return None
+        n = float(stats.n_samples)
+        g2 = float(stats.grad_sq_norm)
+        sigma2 = (float(stats.chunk_sq_norm_sum) - n * g2) / (stats.n_chunks - 1)
+        mu2 = g2 - sigma2 / n
+        if not (math.isfinite(sigma2) and math.isfinite(mu2)):
+            return None
+        return sigma2, mu2
+
+    @staticmethod
+    def gain_ratio(grad_var, grad_sqr, scale):
+        """Gain ``(v + m) / (v / S + m)`` with ``v >= 1e-6`` and ``m >= 0``.
+
+        ``grad_var`` is the variance of a *base-batch* gradient
+        (``sigma2 / b0``), ``grad_sqr`` the squared gradient norm, ``scale``
+        ``S = B / b0``.  Works element-wise on arrays.
+        """
+        v = np.maximum(grad_var, 1e-6)
+        m = np.maximum(grad_sqr, 0.0)
+        return (v + m) / (v / scale + m)
+
+    def grad_variance(self) -> float | None:
+        """Smoothed per-example gradient variance (None before an estimate)."""
+        if not getattr(self, "ema_weight_", 0.0):
+            return None
+        return self.sigma2_sum_ / self.ema_weight_
+
+    def grad_sqr(self) -> float | None:
+        """Smoothed ``||grad F||^2`` (None before an estimate; may be < 0)."""
+        if not getattr(self, "ema_weight_", 0.0):
+            return None
+        return self.mu2_sum_ / self.ema_weight_
+
+    # -- protocol ----------------------------------------------------------
+
+    def reset(self, n_data: int) -> AdaScale:
+        name = type(self).__name__
+        _check_int(n_data, "n_data", low=1)
+        if not _is_real(self.smoothing) or not 0 < self.smoothing < 1:
+            raise ValueError(
+                f"{name}: smoothing must be in (0, 1) (per-base-batch weight of "
+                f"the moving averages, e.g. 0.999); got {self.smoothing!r}."
+            )
+        _check_momentum(self.momentum, name)
+        self.schedule_ = _make_schedule(self.batch_size, "batch_size", name, n_data)
+        self.base_batch_size_ = _base_batch_size(
+            self.base_batch_size, self.batch_size, name
+        )
+        ls = self.lr_schedule
+        if isinstance(ls, type):
+            raise TypeError(
+                f"{name}: lr_schedule must be an instance such as "
+                f"{ls.__name__}(...), not the class."
+            )
+        if isinstance(ls, BaseDamper):
+            self.lr_schedule_ = clone(ls).reset(n_data)
+        elif ls is None or callable(ls):
+            self.lr_schedule_ = ls
+        else:
+            raise ValueError(
+                f"{name}: lr_schedule must be None, a callable "
+                f"lr_schedule(iteration) -> float or a damper; got {ls!r}."
+            )
+        self.n_data_ = int(n_data)
+        self.tau_ = 0.0
+        self.gain_ = 1.0
+        self.sigma2_sum_ = 0.0
+        self.mu2_sum_ = 0.0
+        self.ema_weight_ = 0.0
+        self.n_estimates_ = 0
+        self.lr_cache_ = (None, 1.0)
+        return self
+
+    def next_batch_size(self, state: TrainState) -> int:
+        return self.schedule_.next_batch_size(state)
+
+    def _lr_at(self, t: int, state: TrainState) -> float:
+        if self.lr_cache_[0] == t:
+            return self.lr_cache_[1]
+        ls = self.lr_schedule_
+        if ls is None:
+            value = 1.0
+        elif isinstance(ls, BaseDamper):
+            b0 = self.base_batch_size_
+            s1 = TrainState(
+                n_updates=t,
+                n_samples_seen=t * b0,
+                epoch=t * b0 / self.n_data_,
+                n_data=self.n_data_,
+                n_workers=state.n_workers,
+            )
+            ls.next_batch_size(s1)
+            value = float(ls.plan_update(s1, b0, None).lr_factor)
+        else:
+            value = float(ls(t))
+        self.lr_cache_ = (t, value)
+        return value
+
+    def plan_update(
+        self, state: TrainState, batch_size: int, stats: GradStats | None
+    ) -> UpdatePlan:
+        inner = self.schedule_.plan_update(state, batch_size, stats)
+        b0 = self.base_batch_size_
+        scale = batch_size / b0
+        est = self.estimate(stats)
+        if est is not None:
+            # EMA first, then the gain ("fresh estimates", adaptdl PR #54).
+            theta = self.smoothing**scale
+            self.sigma2_sum_ = theta * self.sigma2_sum_ + (1 - theta) * est[0]
+            self.mu2_sum_ = theta * self.mu2_sum_ + (1 - theta) * est[1]
+            self.ema_weight_ = theta * self.ema_weight_ + (1 - theta)
+            self.n_estimates_ += 1
+        if scale == 1 or self.n_estimates_ == 0:
+            r = 1.0
+        else:
+            r = float(self.gain_ratio(self.grad_variance() / b0, self.grad_sqr(), scale))
+        self.gain_ = r
+        lr_factor = r * self._lr_at(math.floor(self.tau_), state)
+        self.tau_ += r
+        m = _resolve_momentum(self.momentum, state.n_workers, batch_size)
+        if m is None:
+            m = inner.momentum
+        return UpdatePlan(lr_factor=lr_factor, momentum=m, progress=r * b0)
+
+    def forecast_batch_size(self, epoch: float) -> int | None:
+        sched = getattr(self, "schedule_", None)
+        if sched is None:
+            if isinstance(self.batch_size, BaseDamper):
+                return self.batch_size.forecast_batch_size(epoch)
+            return int(self.batch_size)
+        return sched.forecast_batch_size(epoch)
+
+
