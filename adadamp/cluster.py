@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import dask
 from distributed import Client, LocalCluster
 
-logger = logging.getLogger("adadamp")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from ._worker import TrainerPlugin, bind_parameters, flatten_parameters, float_b
 from .dampers import BaseDamper, GradStats, TrainState
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 
-logger = logging.getLogger("adadamp")
+logger = logging.getLogger(__name__)
 
 MEMBERSHIP_INTERVAL = 0.5  # seconds between looks at the scheduler's worker list
 HEAL_INTERVAL = 5.0  # seconds a shortfall of workers lasts before they are asked for again

@@ -39,7 +39,7 @@ from .modules import MLP
 
 __all__ = ["DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
 
-logger = logging.getLogger("adadamp")
+logger = logging.getLogger(__name__)
 
 ROUTED = ("module", "criterion", "optimizer", "batch_size", "callbacks")
 
