@@ -17,6 +17,7 @@ _EXPORTS = {
     "SchedulerLostError": "exceptions",
     "MLP": "modules",
     "Callback": "callbacks",
+    "Checkpoint": "callbacks",
     "EarlyStopping": "callbacks",
     "ProgressBar": "callbacks",
     **{
@@ -36,7 +37,7 @@ _EXPORTS = {
         )
     },
 }
-_SUBMODULES = ("callbacks", "checkpoint", "cluster", "dampers", "engine", "estimators", "simulate")
+_SUBMODULES = ("callbacks", "checkpoint", "cluster", "dampers", "engine", "estimators", "plot", "simulate")
 
 __all__ = [
     "MLP",
@@ -44,6 +45,7 @@ __all__ = [
     "AdaScale",
     "BaseDamper",
     "Callback",
+    "Checkpoint",
     "CntsDampLR",
     "Constant",
     "ConvergenceError",
@@ -61,6 +63,7 @@ __all__ = [
     "RadaDamp",
     "SchedulerLostError",
     "dampers",
+    "plot",
     "simulate",
 ]
 

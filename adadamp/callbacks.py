@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 
 from sklearn.base import BaseEstimator
 
@@ -98,6 +99,86 @@ class EarlyStopping(Callback):
             if self.load_best and self.best_state_ is not None:
                 module.load_state_dict(self.best_state_)
             raise StopTraining(f"{self.monitor} did not improve for {self.patience} epochs")
+
+
+class Checkpoint(Callback):
+    """Save the parameters at the end of each epoch where a monitored score improved.
+
+    The files are written with :meth:`~adadamp.DaskClassifier.save_params`
+    (skorch's names and formats), so :meth:`~adadamp.DaskClassifier.load_params`
+    restores them.  The epoch rows of ``history_`` get ``event_cp=True`` when a
+    checkpoint was written.  (To resume an interrupted ``fit``, use the
+    estimator's ``checkpoint=`` parameter instead: it keeps the whole
+    training state.)
+
+    Parameters
+    ----------
+    monitor : str or None, default="valid_loss"
+        Key of the epoch row to watch (``"valid_loss"`` needs
+        ``validation_fraction``; ``"train_loss"`` always exists).  None
+        saves after every epoch.
+    lower_is_better : bool, default=True
+        Whether a smaller value of ``monitor`` is an improvement.
+    f_params : str or None, default="params.pt"
+        File for the module's ``state_dict``.
+    f_optimizer : str or None, default=None
+        File for the optimizer's ``state_dict``.
+    f_history : str or None, default=None
+        File for ``history_`` as JSON.
+    dirname : str, default=""
+        Directory of the files (created if missing).  File names may
+        contain ``{epoch}``, e.g. ``f_params="params-{epoch}.pt"``, to keep
+        one file per saved epoch.
+
+    Examples
+    --------
+    >>> from adadamp import DaskClassifier
+    >>> est = DaskClassifier(
+    ...     validation_fraction=0.2,
+    ...     callbacks=[("cp", Checkpoint(monitor="valid_loss", dirname="run1"))],
+    ...     callbacks__cp__f_history="history.json",
+    ... )
+    >>> est.fit(X, y).load_params(f_params="run1/params.pt")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        monitor: str | None = "valid_loss",
+        lower_is_better: bool = True,
+        f_params: str | None = "params.pt",
+        f_optimizer: str | None = None,
+        f_history: str | None = None,
+        dirname: str = "",
+    ):
+        self.monitor = monitor
+        self.lower_is_better = lower_is_better
+        self.f_params = f_params
+        self.f_optimizer = f_optimizer
+        self.f_history = f_history
+        self.dirname = dirname
+
+    def on_train_begin(self, estimator, **info) -> None:
+        self.best_ = math.inf if self.lower_is_better else -math.inf
+        self.best_epoch_ = None
+
+    def on_epoch_end(self, estimator, row=None, **info) -> None:
+        if self.monitor is not None:
+            if self.monitor not in row:
+                raise ValueError(f"Checkpoint monitors {self.monitor!r}, which the epoch rows do not have: {sorted(row)}.")
+            value = row[self.monitor]
+            if not (value < self.best_ if self.lower_is_better else value > self.best_):
+                return
+            self.best_, self.best_epoch_ = value, row["epoch"]
+        row["event_cp"] = True
+        files = {key: self._path(getattr(self, key), row["epoch"]) for key in ("f_params", "f_optimizer", "f_history")}
+        estimator.save_params(**files)
+
+    def _path(self, name: str | None, epoch: int) -> str | None:
+        if name is None:
+            return None
+        path = os.path.join(self.dirname, name.format(epoch=epoch))
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        return path
 
 
 class ProgressBar(Callback):

@@ -399,11 +399,14 @@ class DaskBaseDamper(BaseEstimator):
                 state["damper_"] = self._build_damper(len(X))  # batch_size changed since the last fit
             if state["loop_"].n_data != len(X):
                 state["loop_"] = _resized(state["loop_"], len(X))
+        self._training_state = state  # save_params from a callback saves this state, not the last fit's
         try:
             self._train(state, X, y, epochs, epoch_updates, valid)
         except (ConvergenceError, NoWorkersError, SchedulerLostError):
             self._commit(state)  # training stopped, but with the last good weights
             raise
+        finally:
+            del self._training_state
         self._commit(state)
         return self
 
@@ -550,16 +553,19 @@ class DaskBaseDamper(BaseEstimator):
         --------
         >>> est.save_params(f_params="model.pt", f_history="history.json")  # doctest: +SKIP
         """
-        check_is_fitted(self)
+        state = getattr(self, "_training_state", None)  # during fit (from a callback): what is being trained
+        if state is None:
+            check_is_fitted(self)
+            state = self._state()
         if f_params is not None:
-            torch.save(self.module_.state_dict(), f_params)
+            torch.save(state["module_"].state_dict(), f_params)
         if f_optimizer is not None:
-            torch.save(self.optimizer_.state_dict(), f_optimizer)
+            torch.save(state["optimizer_"].state_dict(), f_optimizer)
         if f_history is not None:
             with open(f_history, "w") as f:
-                json.dump(self.history_, f)
+                json.dump(state["history_"], f)
         if f_checkpoint is not None:
-            checkpoint.save(f_checkpoint, self._state(), [])
+            checkpoint.save(f_checkpoint, state, [])
 
     def load_params(self, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> DaskBaseDamper:
         """Load what :meth:`save_params` saved into a fitted estimator of the same structure.

@@ -6,7 +6,7 @@ import torch
 from sklearn.datasets import make_classification
 
 from adadamp import DaskClassifier
-from adadamp.callbacks import Callback, EarlyStopping, ProgressBar
+from adadamp.callbacks import Callback, Checkpoint, EarlyStopping, ProgressBar
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +90,58 @@ def test_unknown_callback_name_is_rejected(data):
     X, y = data
     with pytest.raises(ValueError, match="no callback named 'nope'"):
         DaskClassifier(callbacks=[("stop", EarlyStopping())], callbacks__nope__patience=2).fit(X, y)
+
+
+def _same_weights(state_dict, module) -> bool:
+    return all(torch.equal(state_dict[k], v) for k, v in module.state_dict().items())
+
+
+def test_checkpoint_saves_when_the_validation_loss_improves(client, data, tmp_path):
+    X, y = data
+    est = DaskClassifier(
+        optimizer=torch.optim.SGD,
+        optimizer__lr=2.0,  # noisy: the validation loss goes up and down
+        validation_fraction=0.3,
+        callbacks=[("cp", Checkpoint(f_params="params-{epoch}.pt", dirname=str(tmp_path / "cp")))],
+        callbacks__cp__f_optimizer="opt-{epoch}.pt",
+        callbacks__cp__f_history="history-{epoch}.json",
+        max_epochs=8,
+        random_state=0,
+    ).fit(X, y)
+    losses = [row["valid_loss"] for row in est.history_]
+    improved = [row["epoch"] for i, row in enumerate(est.history_) if losses[i] < min(losses[:i], default=np.inf)]
+    assert improved != [row["epoch"] for row in est.history_], "the run should have epochs without improvement"
+    assert [row["epoch"] for row in est.history_ if row.get("event_cp")] == improved
+    assert sorted(p.name for p in (tmp_path / "cp").glob("params-*.pt")) == [f"params-{e}.pt" for e in improved]
+    assert len(list((tmp_path / "cp").glob("opt-*.pt"))) == len(list((tmp_path / "cp").glob("history-*.json")))
+
+    best = improved[-1]
+    est.load_params(
+        f_params=tmp_path / "cp" / f"params-{best}.pt",
+        f_optimizer=tmp_path / "cp" / f"opt-{best}.pt",
+        f_history=tmp_path / "cp" / f"history-{best}.json",
+    )
+    valid_loss = est._loss({"module_": est.module_, "criterion_": est.criterion_}, *_validation_split(est, X, y))
+    assert valid_loss == pytest.approx(min(losses), rel=1e-5)
+    assert len(est.history_) == best and est.history_[-1]["event_cp"] is True
+
+
+def test_checkpoint_every_epoch_saves_the_weights_being_trained(client, data, tmp_path):
+    X, y = data
+    est = DaskClassifier(callbacks=[Checkpoint(monitor=None, dirname=str(tmp_path))], max_epochs=2, random_state=0)
+    est.fit(X, y)
+    assert all(row["event_cp"] for row in est.history_)
+    first = torch.load(tmp_path / "params.pt", weights_only=True)
+    assert _same_weights(first, est.module_)
+    # A fresh fit of a fitted estimator saves the new fit's weights, not the previous ones.
+    est.set_params(random_state=1).fit(X, y)
+    second = torch.load(tmp_path / "params.pt", weights_only=True)
+    assert _same_weights(second, est.module_) and not _same_weights(first, est.module_)
+    est.set_params(random_state=0).fit(X, y)
+    assert _same_weights(first, est.module_)
+
+
+def test_checkpoint_monitor_must_exist(client, data, tmp_path):
+    X, y = data
+    with pytest.raises(ValueError, match="Checkpoint monitors 'valid_loss'"):
+        DaskClassifier(callbacks=[Checkpoint(dirname=str(tmp_path))], max_epochs=1).fit(X, y)

@@ -1,0 +1,125 @@
+"""adadamp.plot on real fits (the shared LocalCluster): panels, lines, x data, errors."""
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_classification
+
+from adadamp import DaskClassifier
+from adadamp.dampers import GeoDamp
+
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+
+from adadamp import plot
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.fixture(scope="module")
+def fitted(session_client):
+    """GeoDamp doubles the batch each epoch (16, 32, 64) with a validation split."""
+    X, y = make_classification(n_samples=200, n_features=6, n_informative=4, random_state=0)
+    est = DaskClassifier(
+        batch_size=GeoDamp(initial=16, delay=1, factor=2),
+        validation_fraction=0.2,
+        max_epochs=3,
+        random_state=0,
+        client=session_client,
+    )
+    return est.fit(X, y)
+
+
+def updates(est, key):
+    return [u[key] for row in est.history_ for u in row["updates"]]
+
+
+def test_history_figure_has_one_panel_per_quantity(fitted):
+    fig = plot.plot_history(fitted)
+    assert len(fig.axes) == 4
+    loss, batch, lr, workers = fig.axes
+    assert [line.get_label() for line in loss.get_lines()] == ["train", "valid"]
+    assert len(batch.get_lines()) == len(lr.get_lines()) == len(workers.get_lines()) == 1
+    epochs = [row["epoch"] for row in fitted.history_]
+    for ax in fig.axes:
+        np.testing.assert_array_equal(ax.get_lines()[0].get_xdata(), epochs)
+    np.testing.assert_allclose(loss.get_lines()[0].get_ydata(), [r["train_loss"] for r in fitted.history_])
+    np.testing.assert_allclose(loss.get_lines()[1].get_ydata(), [r["valid_loss"] for r in fitted.history_])
+    np.testing.assert_array_equal(batch.get_lines()[0].get_ydata(), [16, 32, 64])
+    assert workers.get_ylabel() == "workers" and workers.get_xlabel() == "epoch"
+
+
+def test_update_axis_numbers_every_update(fitted):
+    fig = plot.plot_history(fitted, x="update", keys=("loss", "batch_size"))
+    loss, batch = fig.axes
+    n = fitted.history_[-1]["n_updates"]
+    train, valid = loss.get_lines()
+    np.testing.assert_array_equal(train.get_xdata(), np.arange(1, n + 1))
+    np.testing.assert_allclose(train.get_ydata(), updates(fitted, "loss"))
+    np.testing.assert_array_equal(valid.get_xdata(), [row["n_updates"] for row in fitted.history_])
+    np.testing.assert_array_equal(batch.get_lines()[0].get_ydata(), updates(fitted, "batch_size"))
+    assert batch.get_xlabel() == "model update"
+
+
+def test_time_axis_is_monotone_and_ends_with_the_training_time(fitted):
+    ax = plot.plot_lr(fitted, x="time")
+    xs = ax.get_lines()[0].get_xdata()
+    assert len(xs) == fitted.history_[-1]["n_updates"]
+    assert np.all(np.diff(xs) > 0) and xs[0] > 0
+    assert xs[-1] <= sum(row["dur"] for row in fitted.history_) + 1e-9
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), updates(fitted, "lr"))
+    assert ax.get_xlabel() == "training time (s)"
+
+
+def test_two_estimators_share_axes(fitted):
+    other = plot.plot_history(fitted.history_, x="update", label="GeoDamp")  # the history works as well
+    fig = plot.plot_history(fitted, x="update", ax=other.axes, label="again")
+    assert fig is other
+    assert [line.get_label() for line in fig.axes[1].get_lines()] == ["GeoDamp", "again"]
+    assert len(fig.axes[0].get_lines()) == 4  # train and valid of each
+    ax = plot.plot_n_workers(fitted, x="update", ax=fig.axes[3], color="red")
+    assert ax is fig.axes[3] and len(ax.get_lines()) == 3
+    np.testing.assert_array_equal(ax.get_lines()[-1].get_ydata(), updates(fitted, "n_workers"))
+    assert ax.get_lines()[-1].get_color() == "red"
+
+
+def test_plot_loss_without_validation(session_client):
+    X, y = make_classification(n_samples=80, n_features=4, random_state=0)
+    est = DaskClassifier(max_epochs=2, random_state=0, client=session_client).fit(X, y)
+    ax = plot.plot_loss(est)
+    assert [line.get_label() for line in ax.get_lines()] == ["train"]
+    np.testing.assert_array_equal(ax.get_lines()[0].get_xdata(), [1, 2])
+
+
+def test_errors(fitted):
+    with pytest.raises(ValueError, match="not fitted"):
+        plot.plot_history(DaskClassifier())
+    with pytest.raises(ValueError, match="not fitted"):
+        plot.plot_loss(DaskClassifier())
+    with pytest.raises(ValueError, match="x must be one of 'epoch', 'update', 'time'; got 'step'"):
+        plot.plot_history(fitted, x="step")
+    with pytest.raises(ValueError, match="x must be one of"):
+        plot.plot_batch_size(fitted, x="updates")
+    with pytest.raises(ValueError, match="no epochs"):
+        plot.plot_lr([])
+    with pytest.raises(ValueError, match="keys must be"):
+        plot.plot_history(fitted, keys=("accuracy",))
+    with pytest.raises(ValueError, match="one Axes per key"):
+        plot.plot_history(fitted, ax=plt.subplots(2)[1])
+    trimmed = [{k: v for k, v in row.items() if k != "updates"} for row in fitted.history_]
+    assert len(plot.plot_history(trimmed).axes) == 4
+    with pytest.raises(ValueError, match="use x='epoch'"):
+        plot.plot_history(trimmed, x="update")
+
+
+def test_missing_matplotlib_says_how_to_install(fitted, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    with pytest.raises(ImportError, match=r"pip install matplotlib"):
+        plot.plot_loss(fitted)
