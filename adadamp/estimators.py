@@ -150,6 +150,18 @@ class DaskBaseDamper(BaseEstimator):
         Only when X has string column names (pandas).
     n_iter_ : int
         Epochs trained.
+
+    Examples
+    --------
+    Use :class:`DaskClassifier` or :class:`DaskRegressor`; this class holds
+    what they share.  Routed parameters are parameters like any other:
+    ``get_params`` returns them, so ``clone`` and ``GridSearchCV`` keep them.
+
+    >>> from adadamp import DaskRegressor
+    >>> from adadamp.dampers import GeoDamp
+    >>> est = DaskRegressor(batch_size=GeoDamp, batch_size__delay=60)
+    >>> est.get_params()["batch_size__delay"]
+    60
     """
 
     def __init__(
@@ -215,7 +227,30 @@ class DaskBaseDamper(BaseEstimator):
         return names + extra
 
     def set_params(self, **params):
-        """Set parameters; routed ``prefix__name`` keys are stored as given."""
+        """Set parameters; routed ``prefix__name`` keys are stored as given.
+
+        Routed keys (``module__*``, ``criterion__*``, ``optimizer__*``,
+        ``batch_size__*``, ``callbacks__*``) are not checked here: ``fit``
+        checks them against the object they are routed to and raises a
+        ``ValueError`` with a "did you mean" hint for a wrong name.
+
+        Parameters
+        ----------
+        **params
+            Parameter names and their new values.
+
+        Returns
+        -------
+        self
+
+        Examples
+        --------
+        >>> from adadamp import DaskRegressor
+        >>> from adadamp.dampers import GeoDamp
+        >>> est = DaskRegressor().set_params(batch_size=GeoDamp, batch_size__factor=5)
+        >>> est.batch_size__factor
+        5
+        """
         normal = {}
         for key, value in params.items():
             if _routed_prefix(key):
@@ -349,16 +384,72 @@ class DaskBaseDamper(BaseEstimator):
             (images, sequences) are kept as they are.  A map-style torch
             Dataset of ``(x, y)`` pairs is read once (then ``y=None``).
         y : array-like of shape (n_samples,) or (n_samples, n_targets)
+            Targets: labels for the classifier, numbers for the regressor.
+            None when ``X`` is a torch Dataset.
+        **fit_params
+            ``classes`` (:class:`DaskClassifier` only): every label, when
+            ``y`` may not contain all of them.
 
         Returns
         -------
         self
+
+        Raises
+        ------
+        ConvergenceError
+            The loss became non-finite; the estimator keeps the last finite
+            weights.
+        NoWorkersError
+            No worker was left and none joined within ``worker_timeout``.
+        SchedulerLostError
+            The Dask scheduler went away during the fit.
+
+        Examples
+        --------
+        >>> from sklearn.datasets import load_digits
+        >>> from adadamp import DaskClassifier
+        >>> X, y = load_digits(return_X_y=True)
+        >>> est = DaskClassifier(max_epochs=3, random_state=0)
+        >>> est.fit(X / 16, y)  # doctest: +SKIP
+        DaskClassifier(max_epochs=3, random_state=0)
+        >>> len(est.history_)  # doctest: +SKIP
+        3
         """
         warm = self.warm_start and _is_fitted(self)
         return self._fit(X, y, epochs=self.max_epochs, fresh=not warm, **fit_params)
 
     def partial_fit(self, X, y=None, **fit_params) -> DaskBaseDamper:
-        """Train for exactly one epoch, continuing from the fitted state."""
+        """Train for exactly one epoch, continuing from the fitted state.
+
+        ``max_epochs`` is ignored.  The first call on an unfitted estimator
+        starts afresh; later calls continue with the same weights,
+        optimizer state, damper state and epoch clock, so ``n`` calls train
+        like ``fit`` with ``max_epochs=n``.  If ``batch_size`` (or a
+        ``batch_size__*`` parameter) changed since the last call, the damper
+        is built again.
+
+        Parameters
+        ----------
+        X, y
+            As for :meth:`fit`.
+        **fit_params
+            As for :meth:`fit`.
+
+        Returns
+        -------
+        self
+
+        Examples
+        --------
+        >>> from sklearn.datasets import make_regression
+        >>> from adadamp import DaskRegressor
+        >>> X, y = make_regression(n_features=10, random_state=0)
+        >>> est = DaskRegressor(random_state=0)
+        >>> for _ in range(3):  # doctest: +SKIP
+        ...     est = est.partial_fit(X, y)
+        >>> est.n_iter_  # doctest: +SKIP
+        3
+        """
         return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), **fit_params)
 
     def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None):
@@ -570,9 +661,32 @@ class DaskBaseDamper(BaseEstimator):
     def load_params(self, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> DaskBaseDamper:
         """Load what :meth:`save_params` saved into a fitted estimator of the same structure.
 
+        There is no separate initialisation step: the estimator must have
+        been fitted (for instance for one epoch on the same data), so that
+        ``module_`` and ``optimizer_`` exist to receive the saved state.
+
+        Parameters
+        ----------
+        f_params : path, optional
+            A module ``state_dict`` saved by :meth:`save_params`.
+        f_optimizer : path, optional
+            An optimizer ``state_dict``.
+        f_history : path, optional
+            A JSON history; sets ``history_`` and ``n_iter_``.
+        f_checkpoint : path, optional
+            A full training state (weights, optimizer, damper, epoch clock,
+            history).  It must have been written for the same number of
+            training examples as this estimator was fitted on.
+
+        Returns
+        -------
+        self
+
         Examples
         --------
-        >>> est.load_params(f_params="model.pt")  # doctest: +SKIP
+        >>> est.save_params(f_params="model.pt")  # doctest: +SKIP
+        >>> new = DaskClassifier(max_epochs=1).fit(X, y)  # doctest: +SKIP
+        >>> new.load_params(f_params="model.pt")  # doctest: +SKIP
         """
         check_is_fitted(self)
         if f_checkpoint is not None:
@@ -609,7 +723,17 @@ class DaskBaseDamper(BaseEstimator):
 
     @property
     def meta_(self) -> types.MappingProxyType:
-        """Read-only summary of the fitted state (adadamp's ``meta_``)."""
+        """Read-only summary of the fitted state (adadamp's ``meta_``).
+
+        Keys: ``n_updates``, ``n_samples_seen``, ``epochs`` (the epoch
+        clock), and from the last epoch's row of ``history_``:
+        ``batch_size``, ``lr``, ``n_workers`` and ``train_loss``.
+
+        Examples
+        --------
+        >>> est.fit(X, y).meta_["n_updates"]  # doctest: +SKIP
+        570
+        """
         check_is_fitted(self)
         last = self.history_[-1] if self.history_ else {}
         loop = self.loop_
@@ -656,7 +780,27 @@ class DaskClassifier(ClassifierMixin, DaskBaseDamper):
     _default_criterion = nn.CrossEntropyLoss
 
     def partial_fit(self, X, y=None, classes=None) -> DaskClassifier:
-        """Train one epoch; ``classes`` fixes the labels on the first call."""
+        """Train one epoch; ``classes`` fixes the labels on the first call.
+
+        Parameters
+        ----------
+        X, y
+            As for :meth:`fit`.
+        classes : array-like, optional
+            Every label the classifier will see.  Needed on the first call
+            when its ``y`` may lack some labels (labels are fixed by the
+            first call); ignored afterwards.
+
+        Returns
+        -------
+        self
+
+        Examples
+        --------
+        >>> est = DaskClassifier()
+        >>> est.partial_fit(X[:500], y[:500], classes=np.arange(10))  # doctest: +SKIP
+        >>> est.partial_fit(X[500:], y[500:])  # doctest: +SKIP
+        """
         return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), classes=classes)
 
     def _encode_targets(self, y, *, fresh: bool, classes=None):
@@ -691,16 +835,73 @@ class DaskClassifier(ClassifierMixin, DaskBaseDamper):
         return None
 
     def predict_proba(self, X) -> np.ndarray:
-        """Class probabilities, columns in ``classes_`` order."""
+        """Class probabilities, columns in ``classes_`` order.
+
+        The softmax of the module's output (its exponential when the
+        criterion is ``NLLLoss``, whose inputs are log-probabilities),
+        computed on the client's CPU in eval mode.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, ...)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+
+        Examples
+        --------
+        >>> est.fit(X, y).predict_proba(X[:2]).sum(axis=1)  # doctest: +SKIP
+        array([1., 1.])
+        """
         out = torch.from_numpy(self._forward(X))
         if isinstance(self.criterion_, nn.NLLLoss):
             return out.exp().numpy()
         return torch.softmax(out, dim=1).numpy()
 
     def predict(self, X) -> np.ndarray:
-        """The most likely label of each example."""
+        """The most likely label of each example.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, ...)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            Labels from ``classes_`` (strings stay strings).
+
+        Examples
+        --------
+        >>> est = DaskClassifier().fit(X, ["odd" if v % 2 else "even" for v in y])  # doctest: +SKIP
+        >>> est.predict(X[:3])  # doctest: +SKIP
+        array(['even', 'odd', 'even'], dtype='<U4')
+        """
         check_is_fitted(self)
         return self.classes_[np.argmax(self._forward(X), axis=1)]
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """Mean accuracy of :meth:`predict` on ``X`` (scikit-learn's ``ClassifierMixin.score``).
+
+        Greater is better, so ``GridSearchCV`` picks the most accurate model.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, ...)
+        y : array-like of shape (n_samples,)
+            True labels.
+        sample_weight : array-like of shape (n_samples,), optional
+
+        Returns
+        -------
+        float
+
+        Examples
+        --------
+        >>> DaskClassifier(max_epochs=5).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
+        0.96
+        """
+        return super().score(X, y, sample_weight=sample_weight)
 
 
 class DaskRegressor(RegressorMixin, DaskBaseDamper):
@@ -735,9 +936,47 @@ class DaskRegressor(RegressorMixin, DaskBaseDamper):
         return tuple(target.shape)
 
     def predict(self, X) -> np.ndarray:
-        """Predicted targets, 1-d when ``y`` was 1-d."""
+        """Predicted targets, 1-d when ``y`` was 1-d.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, ...)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_targets)
+            float64.
+
+        Examples
+        --------
+        >>> DaskRegressor().fit(X, y).predict(X[:2]).shape  # doctest: +SKIP
+        (2,)
+        """
         out = self._forward(X)
         return out.ravel() if self._y_1d else out
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """Coefficient of determination R^2 of :meth:`predict` on ``X`` (``RegressorMixin.score``).
+
+        1 is a perfect fit; greater is better.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, ...)
+        y : array-like of shape (n_samples,) or (n_samples, n_targets)
+            True targets.
+        sample_weight : array-like of shape (n_samples,), optional
+
+        Returns
+        -------
+        float
+
+        Examples
+        --------
+        >>> DaskRegressor(max_epochs=50).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
+        0.99
+        """
+        return super().score(X, y, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

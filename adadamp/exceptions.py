@@ -4,12 +4,62 @@ from __future__ import annotations
 
 
 class ConvergenceError(ArithmeticError):
-    """The training loss became non-finite; the last finite weights are kept."""
+    """The training loss became non-finite; the last finite weights are kept.
+
+    Raised by ``fit``/``partial_fit`` when an update's loss or gradient is
+    NaN or infinite.  The estimator stays fitted with the weights from before
+    that update, so it can still predict, or continue with a lower learning
+    rate (``warm_start=True``).
+
+    Examples
+    --------
+    >>> from adadamp import ConvergenceError
+    >>> try:  # doctest: +SKIP
+    ...     est.fit(X, y)
+    ... except ConvergenceError:
+    ...     est.set_params(optimizer__lr=1e-4, warm_start=True).fit(X, y)
+    >>> issubclass(ConvergenceError, ArithmeticError)
+    True
+    """
 
 
 class NoWorkersError(RuntimeError):
-    """No Dask worker was left to train on, and none joined in time."""
+    """No Dask worker was left to train on, and none joined in time.
+
+    Raised when every worker is gone and none joined within the estimator's
+    ``worker_timeout`` (with ``scale_cluster`` the cluster is asked for
+    workers again while waiting), or when an update failed on every retry
+    because workers kept dying.  The estimator keeps the last good weights:
+    add workers and call ``fit`` again with ``warm_start=True``.
+
+    Examples
+    --------
+    >>> from adadamp import NoWorkersError
+    >>> try:  # doctest: +SKIP
+    ...     est.fit(X, y)
+    ... except NoWorkersError:
+    ...     cluster.scale(4)
+    ...     est.set_params(warm_start=True).fit(X, y)
+    >>> issubclass(NoWorkersError, RuntimeError)
+    True
+    """
 
 
 class SchedulerLostError(RuntimeError):
-    """The Dask scheduler is gone: training cannot go on; resume from a checkpoint."""
+    """The Dask scheduler is gone: training cannot go on; resume from a checkpoint.
+
+    A scheduler cannot be replaced during a fit.  The estimator keeps the last
+    good weights; start a new cluster and either fit again with the same
+    ``checkpoint`` path (training resumes where the checkpoint was written)
+    or continue with ``warm_start=True``.
+
+    Examples
+    --------
+    >>> from adadamp import SchedulerLostError
+    >>> try:  # doctest: +SKIP
+    ...     est.fit(X, y)  # est = DaskClassifier(checkpoint="fit.ckpt", client=client)
+    ... except SchedulerLostError:
+    ...     est.set_params(client=new_client).fit(X, y)  # resumes from fit.ckpt
+    >>> issubclass(SchedulerLostError, RuntimeError)
+    True
+    """

@@ -258,7 +258,13 @@ class RingAllReduce:
 
 
 Network = Centralized | RingAllReduce
-"""Either network model; both expose ``comm_time(n_workers, n_bytes)``."""
+"""Either network model; both expose ``comm_time(n_workers, n_bytes)``.
+
+Examples
+--------
+>>> isinstance(RingAllReduce(bandwidth=gbit_per_s(800)), Network)
+True
+"""
 
 
 def update_times(

@@ -140,6 +140,24 @@ class AdaScale(BaseDamper):
         Returns None when there are fewer than two chunks or the result is
         not finite.  ``sigma2`` is the per-example variance; ``mu2`` may be
         negative (it is clamped only at use).
+
+        Parameters
+        ----------
+        stats : GradStats or None
+
+        Returns
+        -------
+        tuple of float or None
+            ``(sigma2, mu2)``.
+
+        Examples
+        --------
+        Two antiparallel one-example chunks: all noise, no signal.
+
+        >>> AdaScale.estimate(GradStats(n_samples=2, grad_sq_norm=0.0, chunk_sq_norm_sum=4.0, n_chunks=2))
+        (4.0, -2.0)
+        >>> AdaScale.estimate(GradStats(2, 0.0, 0.0, n_chunks=1)) is None
+        True
         """
         if stats is None or stats.n_chunks < 2 or stats.n_samples < 2:
             return None
@@ -158,19 +176,53 @@ class AdaScale(BaseDamper):
         ``grad_var`` is the variance of a *base-batch* gradient
         (``sigma2 / b0``), ``grad_sqr`` the squared gradient norm, ``scale``
         ``S = B / b0``.  Works element-wise on arrays.
+
+        Parameters
+        ----------
+        grad_var, grad_sqr, scale : float or array
+
+        Returns
+        -------
+        float or ndarray
+            Between 1 and ``scale`` for ``scale >= 1``.
+
+        Examples
+        --------
+        >>> float(AdaScale.gain_ratio(grad_var=6.0, grad_sqr=1.0, scale=4))
+        2.8
+        >>> AdaScale.gain_ratio(grad_var=[1.0, 0.0], grad_sqr=[0.0, 1.0], scale=8).round(4).tolist()
+        [8.0, 1.0]
         """
         v = np.maximum(grad_var, 1e-6)
         m = np.maximum(grad_sqr, 0.0)
         return (v + m) / (v / scale + m)
 
     def grad_variance(self) -> float | None:
-        """Smoothed per-example gradient variance (None before an estimate)."""
+        """Smoothed per-example gradient variance (None before an estimate).
+
+        Examples
+        --------
+        >>> d = AdaScale(batch_size=4, base_batch_size=1).reset(n_data=100)
+        >>> d.grad_variance() is None
+        True
+        >>> plan = d.plan_update(TrainState(0, 0, 0.0, 100, 2), 4, GradStats(4, 2.5, 16.0, 2))
+        >>> round(d.grad_variance(), 12), round(float(plan.lr_factor), 12)
+        (6.0, 2.8)
+        """
         if not getattr(self, "ema_weight_", 0.0):
             return None
         return self.sigma2_sum_ / self.ema_weight_
 
     def grad_sqr(self) -> float | None:
-        """Smoothed ``||grad F||^2`` (None before an estimate; may be < 0)."""
+        """Smoothed ``||grad F||^2`` (None before an estimate; may be < 0).
+
+        Examples
+        --------
+        >>> d = AdaScale(batch_size=4, base_batch_size=1).reset(n_data=100)
+        >>> _ = d.plan_update(TrainState(0, 0, 0.0, 100, 2), 4, GradStats(4, 2.5, 16.0, 2))
+        >>> round(d.grad_sqr(), 12)
+        1.0
+        """
         if not getattr(self, "ema_weight_", 0.0):
             return None
         return self.mu2_sum_ / self.ema_weight_

@@ -32,6 +32,12 @@ class TrainState:
         weights before that update), or None before the first update.  Only
         :class:`AdaDamp` and :class:`RadaDamp` read it; they raise if it is
         missing after the first update.
+
+    Examples
+    --------
+    >>> s = TrainState(n_updates=0, n_samples_seen=0, epoch=10.0, n_data=1000, n_workers=2)
+    >>> GeoDamp(initial=64, delay=5, factor=2).reset(n_data=1000).next_batch_size(s)
+    256
     """
 
     n_updates: int
@@ -56,6 +62,15 @@ class GradStats:
         ``Q = sum_j ||G_j||^2 / n_j`` over the disjoint chunks of the batch.
     n_chunks : int
         k, number of non-empty chunks (0 when no chunk statistics were asked).
+
+    Examples
+    --------
+    Two chunks of 1 and 3 examples with gradient sums ``[2, 0]`` and
+    ``[0, 6]``: ``g_bar = [0.5, 1.5]`` and ``Q = 4/1 + 36/3``.
+
+    >>> stats = GradStats(n_samples=4, grad_sq_norm=2.5, chunk_sq_norm_sum=16.0, n_chunks=2)
+    >>> AdaScale.estimate(stats)  # (per-example variance, squared gradient norm)
+    (6.0, 1.0)
     """
 
     n_samples: int
@@ -79,6 +94,16 @@ class UpdatePlan:
         the number of examples in the batch (data epochs).
     momentum_buffer_scale : float
         Multiplies every momentum buffer before the step (LIN App. B.4).
+
+    Examples
+    --------
+    :class:`GeoDampLR` keeps the batch and divides the learning rate by 4
+    after two doublings of the damping:
+
+    >>> d = GeoDampLR(initial=32, delay=1, factor=2).reset(n_data=1000)
+    >>> s = TrainState(0, 0, epoch=2.0, n_data=1000, n_workers=1)
+    >>> d.plan_update(s, d.next_batch_size(s), None)
+    UpdatePlan(lr_factor=0.25, momentum=None, progress=None, momentum_buffer_scale=1.0)
     """
 
     lr_factor: float = 1.0
@@ -92,7 +117,27 @@ class BaseDamper(BaseEstimator):
 
     Subclasses store their constructor arguments unchanged in ``__init__``,
     validate them in :meth:`reset` and keep every evolving quantity in
-    attributes ending in ``_`` created by :meth:`reset`.
+    attributes ending in ``_`` created by :meth:`reset`.  They implement
+    :meth:`next_batch_size` and, as needed, :meth:`plan_update` (the
+    default keeps the learning rate and momentum) and
+    :meth:`forecast_batch_size` (lets the cluster grow ahead of the batch).
+
+    Examples
+    --------
+    A damper that doubles the batch size every epoch:
+
+    >>> class Doubling(BaseDamper):
+    ...     def __init__(self, initial=16):
+    ...         self.initial = initial
+    ...     def next_batch_size(self, state):
+    ...         return self.initial * 2 ** int(state.epoch)
+    ...     def forecast_batch_size(self, epoch):
+    ...         return self.initial * 2 ** int(epoch)
+    >>> [r["batch_size"] for r in simulate_schedule(Doubling(16), n_data=64, max_epochs=3)]
+    [16, 16, 16, 16, 32, 32, 64]
+
+    Pass it as ``DaskClassifier(batch_size=Doubling(16))``, or as
+    ``batch_size=Doubling, batch_size__initial=16``.
     """
 
     #: Ask the workers for per-chunk gradient statistics (AdaScale).
@@ -114,11 +159,36 @@ class BaseDamper(BaseEstimator):
         ------
         ValueError
             A parameter is invalid; the message names it and the fix.
+
+        Examples
+        --------
+        >>> GeoDamp(factor=0.5).reset(n_data=1000)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: GeoDamp: factor must be >= 1 ...
         """
         return self
 
     def next_batch_size(self, state: TrainState) -> int:
-        """Batch size of the coming update."""
+        """Batch size of the coming update.
+
+        Parameters
+        ----------
+        state : TrainState
+            The training state before the update.
+
+        Returns
+        -------
+        int
+            Examples to use (>= 1).  The engine takes fewer at the end of a
+            data epoch: batches never straddle two epochs.
+
+        Examples
+        --------
+        >>> d = PadaDamp(initial=32, rate=2).reset(n_data=1000)
+        >>> d.next_batch_size(TrainState(10, 320, 0.32, 1000, 1))
+        52
+        """
         raise NotImplementedError
 
     def plan_update(
@@ -135,6 +205,20 @@ class BaseDamper(BaseEstimator):
             smaller than requested).
         stats : GradStats or None
             Gradient statistics of this update.
+
+        Returns
+        -------
+        UpdatePlan
+
+        Examples
+        --------
+        Above ``max_batch_size`` the batch stays capped and the learning rate
+        is scaled by ``max_batch_size / D`` instead:
+
+        >>> d = GeoDamp(initial=100, delay=1, factor=4, max_batch_size=200).reset(n_data=1000)
+        >>> s = TrainState(0, 0, epoch=1.0, n_data=1000, n_workers=2)
+        >>> d.next_batch_size(s), d.plan_update(s, 200, None).lr_factor
+        (200, 0.5)
         """
         return UpdatePlan()
 
@@ -142,6 +226,22 @@ class BaseDamper(BaseEstimator):
         """Batch size expected at a future ``epoch`` (None if unknown).
 
         Lets the engine ask for workers before the batch grows.
+
+        Parameters
+        ----------
+        epoch : float
+            A point on the engine's epoch clock.
+
+        Returns
+        -------
+        int or None
+
+        Examples
+        --------
+        >>> GeoDamp(initial=32, delay=5, factor=2).forecast_batch_size(10)
+        128
+        >>> AdaDamp().forecast_batch_size(10) is None  # depends on the loss
+        True
         """
         return None
 

@@ -186,7 +186,23 @@ class GeoDamp(_DampingSchedule):
             )
 
     def damping(self, epoch: float) -> float:
-        """The damping ``D(epoch)`` (pure; no state is read or written)."""
+        """The damping ``D(epoch)`` (pure; no state is read or written).
+
+        Parameters
+        ----------
+        epoch : float
+            A point on the epoch clock.
+
+        Returns
+        -------
+        float
+            ``initial * factor ** floor(epoch / delay)``, before any cap.
+
+        Examples
+        --------
+        >>> GeoDamp(initial=128, delay=60, factor=5).damping(125)
+        3200.0
+        """
         n_steps = math.floor(float(epoch) / self.delay + 1e-9)
         return float(self.initial) * float(self.factor) ** max(n_steps, 0)
 
@@ -490,7 +506,7 @@ class RadaDamp(_DampingSchedule):
 
     Notes
     -----
-    Reads ``GradStats.grad_sq_norm`` in :meth:`plan_update` (hence
+    Reads ``GradStats.grad_sq_norm`` in :meth:`BaseDamper.plan_update` (hence
     ``needs_grad_stats``) and ``TrainState.loss`` (required unless
     ``fudge == 0``).  The original
     computed a full-data-set gradient and loss at the first update and only
