@@ -3,9 +3,12 @@
 This module runs inside Dask worker processes and never imports the client
 side.  A :class:`TrainerPlugin` installs a few RPC handlers on each worker; the
 client calls them directly (``client.rpc(address)``), which costs one network
-round trip instead of a scheduler-mediated task (DESIGN.md §3).  Compute runs
-on one dedicated thread per worker process, off the worker's event loop, so
-heartbeats continue while a gradient is computed.
+round trip instead of a scheduler-mediated task (DESIGN.md §3).  On ``tcp://``
+workers the per-update gradient requests then bypass Dask's comm altogether:
+the set-up opens a :class:`~adadamp.channel.ChannelServer` whose thread
+computes the gradients, off the worker's event loop, so heartbeats continue
+while a gradient is computed.  Elsewhere gradients are Dask RPCs, computed on
+one dedicated thread per worker process (or inline when they are quick).
 
 Per fit the worker keeps (keyed by a fit id, so several fits can share a
 worker): the module on its device with its parameters and gradients viewing
@@ -18,6 +21,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import itertools
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +32,8 @@ import torch
 from distributed import WorkerPlugin
 from distributed.protocol import to_serialize
 
+from .channel import ChannelServer, tcp_host
+
 __all__ = ["TrainerPlugin", "flatten_parameters"]
 
 HANDLERS = ("adadamp_setup", "adadamp_data", "adadamp_gradient", "adadamp_release")
@@ -36,6 +42,7 @@ HANDLERS = ("adadamp_setup", "adadamp_data", "adadamp_gradient", "adadamp_releas
 # here instead of competing for the worker's cores.
 _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adadamp-compute")
 _FITS: dict[str, _FitState] = {}
+_WORKER = {"host": None, "nthreads": 1}  # this process's worker: channel host, torch threads
 INLINE_SECONDS = 0.1  # gradients faster than this run on the worker's event loop
 
 
@@ -108,9 +115,15 @@ class _FitState:
     X_dev: torch.Tensor | None = None
     y_dev: torch.Tensor | None = None
     local_row: np.ndarray | None = None  # global index -> row in X / y, -1 if absent
+    lock: threading.Lock = field(default_factory=threading.Lock)  # data changes vs. gradients
+    channel: ChannelServer | None = None
 
     def update_blocks(self, add, drop) -> None:
         """Add ``[(block, idx, X, y)]`` and drop block ids, keeping one copy of the data."""
+        with self.lock:
+            self._update_blocks(add, drop)
+
+    def _update_blocks(self, add, drop) -> None:
         keep = [b for b in self.block_index if b not in set(drop)]
         parts_X, parts_y, parts_idx = [], [], []
         if self.X is not None and keep:
@@ -166,6 +179,7 @@ class TrainerPlugin(WorkerPlugin):
     def setup(self, worker) -> None:
         _set_native_malloc()
         nthreads = max(1, int(getattr(worker.state, "nthreads", 1)))
+        _WORKER.update(host=tcp_host(worker.address), nthreads=nthreads)
         torch.set_num_threads(nthreads)  # the event loop thread (quick gradients)
         _EXECUTOR.submit(torch.set_num_threads, nthreads).result()  # the compute thread
         for op in HANDLERS:
@@ -180,8 +194,15 @@ async def _run(fn, *args):
     return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, fn, *args)
 
 
-async def _adadamp_setup(fit_id: str, payload, n_total: int, shared: dict | None = None) -> dict:
-    """Build the fit's module; map the client's shared weights and this worker's gradient if possible."""
+async def _adadamp_setup(
+    fit_id: str, payload, n_total: int, shared: dict | None = None, channel: bool = False
+) -> dict:
+    """Build the fit's module; map the client's shared weights and this worker's gradient if possible.
+
+    With ``channel`` (and a ``tcp://`` worker) also open the fit's gradient
+    channel; the reply carries its port and token.
+    """
+    _close_fit(fit_id)
 
     def build():
         module, criterion, device = cloudpickle.loads(payload)
@@ -200,9 +221,25 @@ async def _adadamp_setup(fit_id: str, payload, n_total: int, shared: dict | None
                 state.shared_weights, state.shared_gradient = weights, gradient
             state.shared = True
         _FITS[fit_id] = state
-        return state.shared
+        return state
 
-    return {"status": "OK", "shared": await _run(build)}
+    state = await _run(build)
+    reply = {"status": "OK", "shared": state.shared}
+    if channel and _WORKER["host"] is not None:
+        state.channel = ChannelServer(
+            _WORKER["host"],
+            lambda weights, indices, n_chunks, seed: _gradient(state, weights, indices, n_chunks, seed),
+            n_weights=state.flat.numel(),
+            on_start=lambda: torch.set_num_threads(_WORKER["nthreads"]),
+        )
+        reply["channel"] = {"port": state.channel.port, "token": state.channel.token}
+    return reply
+
+
+def _close_fit(fit_id: str) -> None:
+    state = _FITS.pop(fit_id, None)
+    if state is not None and state.channel is not None:
+        state.channel.close()
 
 
 def _same_host(shared: dict) -> bool:
@@ -227,14 +264,19 @@ async def _adadamp_data(fit_id: str, add, drop) -> dict:
 
 
 async def _adadamp_release(fit_id: str) -> dict:
-    _FITS.pop(fit_id, None)
+    _close_fit(fit_id)
     return {"status": "OK"}
 
 
-async def _adadamp_gradient(fit_id: str, weights, indices, n_chunks: int, seed: int) -> dict:
-    def compute():
+def _gradient(state: _FitState, weights, indices: np.ndarray, n_chunks: int, seed: int) -> dict:
+    """The gradient sum over ``indices`` (resident rows) at ``weights`` (None: already in place).
+
+    Returns numpy arrays (``grad`` is None when it went to shared memory)
+    and the example count, the loss sum and, with ``n_chunks > 1``, the
+    chunk statistics AdaScale needs.
+    """
+    with state.lock:
         start = time.perf_counter()
-        state = _FITS[fit_id]
         rows = state.local_row[indices]
         if (rows < 0).any():
             missing = np.asarray(indices)[rows < 0][:5]
@@ -274,11 +316,10 @@ async def _adadamp_gradient(fit_id: str, weights, indices, n_chunks: int, seed: 
                 target.copy_(total)
             grad = None  # the client reads it from shared memory
         else:
-            grad = to_serialize(total.detach().to("cpu", copy=True).numpy())
-        state.inline = time.perf_counter() - start < INLINE_SECONDS
+            grad = total.detach().to("cpu").numpy()
         buffers = float_buffers(state.module)
         return {
-            "buffers": to_serialize(torch.cat([b.reshape(-1) for b in buffers]).cpu().numpy()) if buffers else None,
+            "buffers": torch.cat([b.reshape(-1) for b in buffers]).cpu().numpy() if buffers else None,
             "grad": grad,
             "n": n,
             "loss_sum": loss_sum,
@@ -287,9 +328,22 @@ async def _adadamp_gradient(fit_id: str, weights, indices, n_chunks: int, seed: 
             "compute_time": time.perf_counter() - start,
         }
 
+
+async def _adadamp_gradient(fit_id: str, weights, indices, n_chunks: int, seed: int) -> dict:
+    """The gradient as a Dask RPC (workers without a channel)."""
+    state = _FITS[fit_id]
+
+    def compute():
+        r = _gradient(state, weights, np.asarray(indices), n_chunks, seed)
+        state.inline = r["compute_time"] < INLINE_SECONDS
+        for key in ("grad", "buffers"):
+            if r[key] is not None:
+                r[key] = to_serialize(np.array(r[key]))  # a copy: the reply is sent after we return
+        return r
+
     # A short computation runs right on the event loop: handing it to the
     # compute thread and back costs two thread wake-ups (~2 ms on a busy
     # machine).  Long ones go to the thread, so heartbeats keep flowing.
-    if _FITS[fit_id].inline:
+    if state.inline:
         return compute()
     return await _run(compute)

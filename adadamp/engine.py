@@ -7,7 +7,9 @@ parameters view) and the optimizer.  Each update (DESIGN.md §2-§3):
    indices from one seeded permutation per data epoch, so the trajectory does
    not depend on how many workers there are (elastic-anchors §4.6);
 2. the indices are routed to the workers holding those examples, and each
-   worker gets the weights and its indices in one direct RPC;
+   worker gets the weights and its indices in one message: over the fit's
+   socket (:mod:`adadamp.channel`) for ``tcp://`` workers, else a direct
+   Dask RPC;
 3. each worker returns the gradient SUM over its examples (plus the example
    count, the loss sum and, for AdaScale, chunk statistics);
 4. the client sums in a fixed order, divides by the example count once, asks
@@ -40,11 +42,13 @@ from distributed.protocol import to_serialize
 
 from . import cluster as cl
 from ._worker import TrainerPlugin, bind_parameters, flatten_parameters, float_buffers, shared_array
+from .channel import Channel, WorkerError, tcp_host
 from .dampers import BaseDamper, GradStats, TrainState
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 
 logger = logging.getLogger(__name__)
 
+USE_CHANNELS = True  # gradient rounds over adadamp.channel where workers are tcp:// (else Dask RPCs)
 MEMBERSHIP_INTERVAL = 0.5  # seconds between looks at the scheduler's worker list
 HEAL_INTERVAL = 5.0  # seconds a shortfall of workers lasts before they are asked for again
 _LOST = (OSError, CommClosedError, asyncio.TimeoutError, TimeoutError, EOFError)
@@ -114,6 +118,7 @@ class Engine:
         self.n_blocks = math.ceil(n / self.block_size)
         self.block_owner = np.zeros(self.n_blocks, dtype=np.int64)
         self.workers: list[str] = []  # rank order = order of joining
+        self.channels: dict[str, Channel] = {}
         self._payload = None
         self._last_refresh = -math.inf
         self._requested: int | None = None
@@ -143,6 +148,8 @@ class Engine:
         return self
 
     def __exit__(self, *exc) -> None:
+        for w in list(self.channels):
+            self._forget(w)
         with contextlib.suppress(Exception):
             self._call_all([(w, "adadamp_release", {"fit_id": self.fit_id}) for w in self.workers], timeout=5.0)
         # Give the parameters their own storage again, so the module pickles
@@ -191,14 +198,14 @@ class Engine:
                 "start a new cluster and resume with checkpoint=... (or warm_start=True)."
             ) from err
         survivors = [w for w in self.workers if w in live and w not in lost]
-        if self._shared is not None:
-            for w in set(self.workers) - set(survivors):
-                self._shared.drop(w)
+        for w in set(self.workers) - set(survivors):
+            self._forget(w)
         joined = sorted(w for w in live if w not in self.workers and w not in lost)
         if joined:
             calls = []
             for w in joined:
                 kwargs = {"fit_id": self.fit_id, "payload": self._payload, "n_total": len(self.X)}
+                kwargs["channel"] = USE_CHANNELS and tcp_host(w) is not None
                 if self._shared is not None:
                     kwargs["shared"] = self._shared.offer(w)
                 calls.append((w, "adadamp_setup", kwargs))
@@ -210,6 +217,8 @@ class Engine:
                     if not isinstance(r, _LOST):
                         raise r
                     logger.warning("worker %s could not be set up (%r); ignoring it for now", w, r)
+                elif r.get("channel"):
+                    self._connect(w, r["channel"])
             joined = [w for w, r in zip(joined, replies) if not isinstance(r, BaseException)]
         names = {str(info.get("name")) for a, info in live.items() if a not in lost}
         self._gone_names = (self._gone_names | self._live_names) - names
@@ -221,6 +230,22 @@ class Engine:
             self._refresh_membership(force=True)
         elif new_workers != self.workers:
             self._rebalance(new_workers)
+
+    def _connect(self, worker: str, offer: dict) -> None:
+        try:
+            self.channels[worker] = Channel(
+                tcp_host(worker), offer["port"], offer["token"], self.flat.numel(), timeout=self.policy.update_timeout
+            )
+        except OSError as err:  # e.g. a firewall between client and worker: Dask RPCs still work
+            logger.warning("no direct channel to %s (%r); its gradients go through Dask RPCs", worker, err)
+
+    def _forget(self, worker: str) -> None:
+        """Release what this engine holds for a worker that left (shared buffers, channel)."""
+        if self._shared is not None:
+            self._shared.drop(worker)
+        channel = self.channels.pop(worker, None)
+        if channel is not None:
+            channel.close()
 
     def _wait_for_workers(self) -> None:
         timeout = self.policy.worker_timeout
@@ -344,25 +369,14 @@ class Engine:
         for _attempt in range(1 + 10):
             if not self.workers:
                 self._refresh_membership(force=True)
-            calls, parts = [], []
-            for part in todo:
-                codes = self.block_owner[part // self.block_size]
-                for k, w in enumerate(self.workers):
-                    sub = part[codes == k]
-                    if len(sub):
-                        shared = self._shared is not None and w in self._shared.gradients
-                        kwargs = {
-                            "fit_id": self.fit_id,
-                            "weights": None if shared else to_serialize(self.flat_np),
-                            "indices": to_serialize(sub),
-                            "n_chunks": n_chunks,
-                            "seed": (self.loop.seed * 1_000_003 + self.loop.n_updates * 7919 + k) % 2**63,
-                        }
-                        calls.append((w, "adadamp_gradient", kwargs))
-                        parts.append(sub)
-            replies = self._call_all(calls)
+            requests = []  # one per worker and round: (worker, rank, indices)
+            for k, w in enumerate(self.workers):
+                sub = np.concatenate([part[self.block_owner[part // self.block_size] == k] for part in todo])
+                if len(sub):
+                    requests.append((w, k, sub))
+            replies = self._round(requests, n_chunks)
             todo, lost = [], []
-            for (w, _, _), sub, r in zip(calls, parts, replies):
+            for (w, _, sub), r in zip(requests, replies):
                 if isinstance(r, _LOST):
                     lost.append(w)
                     todo.append(sub)
@@ -386,6 +400,39 @@ class Engine:
             logger.warning("lost worker(s) %s during update %d; recomputing their share", lost, self.loop.n_updates)
             self._refresh_membership(force=True, lost=tuple(lost))
         raise NoWorkersError(f"update {self.loop.n_updates} failed on every retry: workers keep dying")
+
+    def _round(self, requests: list[tuple[str, int, np.ndarray]], n_chunks: int) -> list:
+        """Send every request, then collect the replies (dicts) in request order; exceptions are returned.
+
+        Channel requests go out first, so the workers compute while any Dask
+        RPCs (workers without a channel) run.
+        """
+        replies: list = [None] * len(requests)
+        deadline = time.monotonic() + self.policy.update_timeout
+        sent, rpc_calls, rpc_slots = [], [], []
+        for i, (w, k, sub) in enumerate(requests):
+            seed = (self.loop.seed * 1_000_003 + self.loop.n_updates * 7919 + k) % 2**63
+            weights = None if self._shared is not None and w in self._shared.gradients else self.flat_np
+            channel = self.channels.get(w)
+            if channel is None:
+                kwargs = {"fit_id": self.fit_id, "indices": to_serialize(sub), "n_chunks": n_chunks, "seed": seed}
+                kwargs["weights"] = None if weights is None else to_serialize(weights)
+                rpc_calls.append((w, "adadamp_gradient", kwargs))
+                rpc_slots.append(i)
+                continue
+            try:
+                channel.send(sub, n_chunks, seed, weights)
+                sent.append(i)
+            except OSError as err:
+                replies[i] = err
+        for i, r in zip(rpc_slots, self._call_all(rpc_calls)):
+            replies[i] = r
+        for i in sent:
+            try:
+                replies[i] = vars(self.channels[requests[i][0]].receive(deadline))
+            except (WorkerError, *_LOST) as err:
+                replies[i] = err
+        return replies
 
     def update(self) -> dict:
         """One model update; returns its record for the history."""

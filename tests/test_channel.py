@@ -1,0 +1,188 @@
+"""The per-update data plane (adadamp.channel): wire protocol, and the same training on every path."""
+
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import make_classification
+from torch import nn
+
+from adadamp import DaskClassifier, engine
+from adadamp.channel import Channel, ChannelServer, WorkerError, tcp_host
+
+
+@pytest.mark.parametrize(
+    "address, host",
+    [
+        ("tcp://127.0.0.1:8786", "127.0.0.1"),
+        ("tcp://[::1]:40000", "::1"),
+        ("tcp://node-7.cluster:1234", "node-7.cluster"),
+        ("tls://127.0.0.1:8786", None),
+        ("inproc://10.0.0.1/123/1", None),
+        ("ucx://10.0.0.1:1", None),
+    ],
+)
+def test_tcp_host(address, host):
+    assert tcp_host(address) == host
+
+
+def _server(compute, n_weights=5):
+    return ChannelServer("127.0.0.1", compute, n_weights=n_weights, on_start=lambda: None)
+
+
+def test_round_trip_with_and_without_weights():
+    seen = []
+
+    def compute(weights, indices, n_chunks, seed):
+        seen.append((None if weights is None else weights.copy(), indices.copy(), n_chunks, seed))
+        grad = None if weights is None else weights * 2
+        return {"grad": grad, "buffers": np.arange(3, dtype=np.float32), "n": len(indices), "loss_sum": 1.5,
+                "chunk_sq_norm_sum": 0.25, "n_chunks": n_chunks, "compute_time": 0.01}
+
+    server = _server(compute)
+    channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=10)
+    try:
+        w = np.arange(5, dtype=np.float32)
+        channel.send(np.array([4, 2, 9]), n_chunks=2, seed=123, weights=w)
+        r = channel.receive(time.monotonic() + 10)
+        np.testing.assert_array_equal(r.grad, 2 * w)
+        np.testing.assert_array_equal(r.buffers, [0, 1, 2])
+        assert (r.n, r.loss_sum, r.chunk_sq_norm_sum, r.n_chunks) == (3, 1.5, 0.25, 2)
+        channel.send(np.array([], dtype=np.int64), n_chunks=1, seed=2**62, weights=None)
+        r = channel.receive(time.monotonic() + 10)
+        assert r.grad is None and r.n == 0
+        np.testing.assert_array_equal(seen[0][0], w)
+        np.testing.assert_array_equal(seen[0][1], [4, 2, 9])
+        assert seen[0][2:] == (2, 123)
+        assert seen[1][0] is None and seen[1][3] == 2**62
+    finally:
+        channel.close()
+        server.close()
+
+
+def test_worker_errors_are_raised_on_the_client_and_the_channel_goes_on():
+    calls = []
+
+    def compute(weights, indices, n_chunks, seed):
+        calls.append(seed)
+        if seed == 1:
+            raise KeyError("examples [3] are not resident on this worker")
+        return {"grad": None, "buffers": None, "n": 1, "loss_sum": 0.0, "chunk_sq_norm_sum": 0.0, "n_chunks": 0,
+                "compute_time": 0.0}
+
+    server = _server(compute)
+    channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=10)
+    try:
+        channel.send(np.array([3]), 1, 1, None)
+        with pytest.raises(WorkerError, match="not resident"):
+            channel.receive(time.monotonic() + 10)
+        channel.send(np.array([3]), 1, 2, None)
+        assert channel.receive(time.monotonic() + 10).n == 1
+        assert calls == [1, 2]
+    finally:
+        channel.close()
+        server.close()
+
+
+def test_a_wrong_token_is_refused():
+    server = _server(lambda *a: pytest.fail("computed for a stranger"))
+    channel = Channel("127.0.0.1", server.port, b"x" * len(server.token), n_weights=5, timeout=5)
+    try:
+        channel.send(np.array([1]), 1, 0, None)
+        with pytest.raises((EOFError, OSError)):
+            channel.receive(time.monotonic() + 5)
+    finally:
+        channel.close()
+        server.close()
+
+
+def test_a_silent_worker_times_out():
+    def compute(*args):
+        time.sleep(1)
+        raise ValueError("too late")
+
+    server = _server(compute)
+    channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=10)
+    try:
+        channel.send(np.array([1]), 1, 0, None)
+        with pytest.raises(TimeoutError):
+            channel.receive(time.monotonic() + 0.2)
+    finally:
+        channel.close()
+        server.close()
+
+
+def test_nobody_else_can_connect_after_the_client():
+    server = _server(lambda *a: None)
+    channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=5)
+    try:
+        time.sleep(0.2)
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", server.port), timeout=2)
+    finally:
+        channel.close()
+        server.close()
+
+
+# ----------------------------------------------------------------------- in a fit
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, y = make_classification(n_samples=300, n_features=8, n_informative=5, n_classes=3, random_state=1)
+    return X, y
+
+
+def _fit(X, y):
+    est = DaskClassifier(module__hidden=(16,), max_epochs=3, batch_size=24, random_state=3)
+    return est.fit(X, y)
+
+
+def _weights(est):
+    return torch.cat([p.detach().reshape(-1) for p in est.module_.parameters()])
+
+
+def test_every_data_path_trains_the_same_weights(client, data, monkeypatch):
+    """Channel + shared memory, channel + weights on the socket, Dask RPC: bitwise the same model."""
+    X, y = data
+    sends = []
+    original_send = Channel.send
+    monkeypatch.setattr(Channel, "send", lambda self, *a: sends.append(a[3] is None) or original_send(self, *a))
+    shared = _weights(_fit(X, y))
+    assert sends and all(sends)  # every request went over a channel, weights in shared memory
+
+    sends.clear()
+    monkeypatch.setattr(engine.SharedBuffers, "create", classmethod(lambda cls, fit_id, size: None))
+    over_socket = _weights(_fit(X, y))
+    assert sends and not any(sends)  # the weights travelled with every request
+
+    sends.clear()
+    monkeypatch.setattr(engine, "USE_CHANNELS", False)
+    rpc = _weights(_fit(X, y))
+    assert not sends
+    assert torch.equal(shared, over_socket)
+    assert torch.equal(shared, rpc)
+
+
+class FailsOnWorkers(nn.Module):
+    """Trains on the client's process only: any other process raises."""
+
+    def __init__(self, features: int = 8, pid: int | None = None):
+        super().__init__()
+        self.pid = os.getpid() if pid is None else pid
+        self.linear = nn.Linear(features, 3)
+
+    def forward(self, x):
+        if os.getpid() != self.pid:
+            raise RuntimeError("forward refused on a worker")
+        return self.linear(x)
+
+
+def test_an_error_in_the_workers_forward_reaches_the_user(client, data):
+    X, y = data
+    est = DaskClassifier(module=FailsOnWorkers, max_epochs=1, random_state=0)
+    with pytest.raises(WorkerError, match="forward refused on a worker"):
+        est.fit(X, y)
