@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import warnings
 
 from sklearn.base import BaseEstimator
 
@@ -194,7 +195,10 @@ class ProgressBar(Callback):
     """
 
     def on_epoch_begin(self, estimator, n_data=None, epoch=None, **info) -> None:
-        from tqdm.auto import tqdm
+        with warnings.catch_warnings():
+            # In Jupyter without ipywidgets, tqdm.auto warns and uses the text bar, which works there too.
+            warnings.filterwarnings("ignore", message="IProgress not found")
+            from tqdm.auto import tqdm
 
         self.bar_ = tqdm(total=n_data, desc=f"epoch {epoch}", unit="ex", leave=False)
 

@@ -1,10 +1,19 @@
-"""Shared fixtures: one real LocalCluster of worker processes for the session."""
+"""Shared fixtures: one real LocalCluster of worker processes for the session, the single-node
+SLURM of ``tests/slurm`` (``slurm``), and a check for processes a test left behind."""
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from distributed import Client, LocalCluster
+
+SLURM_DIR = Path(__file__).resolve().parent / "slurm"
+SLURM_START_TIMEOUT = 420  # seconds; the first start may install packages with apt-get
 
 torch.set_num_threads(1)
 
@@ -32,3 +41,57 @@ def client(session_client):
     """The shared client, made current so estimators with client=None use it."""
     with session_client.as_current():
         yield session_client
+
+
+@pytest.fixture
+def new_processes():
+    """``new_processes()`` lists the child processes started during the test that are still
+    alive after a grace period (``timeout`` seconds): what a test left running."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+
+    def alive(timeout: float = 10.0) -> list[psutil.Process]:
+        started = [p for p in me.children(recursive=True) if p.pid not in before]
+        return psutil.wait_procs(started, timeout=timeout)[1]
+
+    return alive
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A single-node SLURM (munged, slurmctld, slurmd on localhost) for the session.
+
+    ``tests/slurm/start.sh`` installs and starts it as root; where it cannot, the test skips with
+    the reason, or fails when the environment variable ``CI`` is set (CI must run the SLURM tests).
+    Yields start.sh's last line ("SLURM ready (started: ...)"); at the end of the session
+    ``tests/slurm/stop.sh`` stops what this start started, unless ``ADADAMP_SLURM_KEEP=1``.
+    """
+    reason = None
+    start = SLURM_DIR / "start.sh"
+    if not sys.platform.startswith("linux"):
+        reason = f"SLURM tests need Linux (this is {sys.platform})"
+    else:
+        try:
+            proc = subprocess.run(
+                ["bash", str(start)], check=False, capture_output=True, text=True, timeout=SLURM_START_TIMEOUT
+            )
+        except subprocess.TimeoutExpired as err:
+            tail = (err.stderr or b"")[-1500:]
+            tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+            reason = f"tests/slurm/start.sh did not finish within {SLURM_START_TIMEOUT} s: {tail.strip()}"
+        else:
+            if proc.returncode != 0:
+                tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+                reason = f"SLURM could not be started (tests/slurm/start.sh exit {proc.returncode}):\n{tail}"
+    if reason is not None:
+        if _ci():
+            pytest.fail(f"{reason}\n(CI is set: the SLURM tests must run in CI)", pytrace=False)
+        pytest.skip(reason=reason)
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    yield last
+    if "started: nothing" not in last and os.environ.get("ADADAMP_SLURM_KEEP", "") in ("", "0"):
+        subprocess.run(["bash", str(SLURM_DIR / "stop.sh")], check=False, capture_output=True, text=True, timeout=120)

@@ -8,7 +8,6 @@ user's cluster over plain parameters is in test_estimators.py.
 
 import joblib
 import numpy as np
-import psutil
 import pytest
 from packaging.version import Version
 from scipy.stats import loguniform
@@ -65,22 +64,13 @@ def test_randomized_search_over_schedules_on_users_cluster(client, digits):
     assert best.optimizer_.param_groups[0]["lr"] == pytest.approx(params["optimizer__lr"])
 
 
-def _new_children(before: set[int]) -> list[psutil.Process]:
-    """Child processes started since ``before`` that are still alive (after a grace period)."""
-    me = psutil.Process()
-    left = [p for p in me.children(recursive=True) if p.pid not in before]
-    _, alive = psutil.wait_procs(left, timeout=10)
-    return alive
-
-
-def test_randomized_search_on_embedded_cluster(digits):
+def test_randomized_search_on_embedded_cluster(digits, new_processes):
     """No client: every fit of the search starts a LocalCluster and closes it (no leftover processes)."""
     from distributed import default_client
 
     with pytest.raises(ValueError):
         default_client()
     X, y = digits
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
     search = RandomizedSearchCV(
         DaskClassifier(max_epochs=1, max_workers=1, random_state=0),  # one worker per fit: quick to start
         SCHEDULES,
@@ -91,7 +81,7 @@ def test_randomized_search_on_embedded_cluster(digits):
         error_score="raise",
     ).fit(X, y)
     check_results(search, 2)
-    assert _new_children(before) == [], "an embedded cluster left processes behind"
+    assert new_processes() == [], "an embedded cluster left processes behind"
 
 
 def _on_worker(estimator, X, y) -> float:

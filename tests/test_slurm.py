@@ -1,8 +1,8 @@
 """adadamp on a real SLURM: dask-jobqueue's SLURMCluster against slurmctld/slurmd on localhost.
 
 ``tests/slurm/start.sh`` installs Debian's slurm-wlm and munge when they are missing and starts
-a single-node SLURM (once per module; ``tests/slurm/stop.sh`` stops what it started unless
-``ADADAMP_SLURM_KEEP=1``).  Where SLURM cannot start (not root, no apt-get, not Linux) the tests
+a single-node SLURM (once per session, the ``slurm`` fixture of conftest.py; ``tests/slurm/stop.sh``
+stops what it started unless ``ADADAMP_SLURM_KEEP=1``).  Where SLURM cannot start (not root, no apt-get, not Linux) the tests
 skip with the reason -- unless the environment variable ``CI`` is set: then they fail, because CI
 must run them.
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import subprocess
 import sys
 import threading
@@ -38,9 +37,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-START = HERE / "slurm" / "start.sh"
-STOP = HERE / "slurm" / "stop.sh"
-START_TIMEOUT = 420  # seconds; the first start may install packages with apt-get
 FINISHED = {
     "COMPLETED",
     "CANCELLED",
@@ -83,10 +79,6 @@ def slow_regressor(client, delay: float, **params) -> adadamp.DaskRegressor:
 
 
 # ------------------------------------------------------------------------ reporting
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def _say_log(config, label: str, log: list, n: int) -> None:
     """The last ``n`` lines of adadamp's log, for CI's output."""
     _say(config, f"[slurm] {label}: engine log:\n  " + "\n  ".join(log[-n:]))
@@ -104,32 +96,10 @@ _TOTALS: dict[str, dict[str, str]] = {}
 
 
 @pytest.fixture(scope="module")
-def slurm(request):
-    """Start the single-node SLURM (tests/slurm/start.sh); skip (fail under CI) if it cannot."""
-    reason = None
-    if not sys.platform.startswith("linux"):
-        reason = f"SLURM tests need Linux (this is {sys.platform})"
-    else:
-        try:
-            proc = subprocess.run(
-                ["bash", str(START)], check=False, capture_output=True, text=True, timeout=START_TIMEOUT
-            )
-        except subprocess.TimeoutExpired as err:
-            tail = (err.stderr or b"")[-1500:]
-            tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-            reason = f"tests/slurm/start.sh did not finish within {START_TIMEOUT} s: {tail.strip()}"
-        else:
-            if proc.returncode != 0:
-                tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-                reason = f"SLURM could not be started (tests/slurm/start.sh exit {proc.returncode}):\n{tail}"
-    if reason is not None:
-        if _ci():
-            pytest.fail(f"{reason}\n(CI is set: the SLURM tests must run in CI)", pytrace=False)
-        pytest.skip(reason=reason)
-    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-    started_here = "started: nothing" not in last
-    _say(request.config, f"[slurm] {last}")
-    yield
+def slurm(slurm, request):
+    """The session's single-node SLURM (conftest.py); prints its start line, and this module's job totals at its end."""
+    _say(request.config, f"[slurm] {slurm}")
+    yield slurm
     if _TOTALS:
         states: dict[str, int] = {}
         for jobs in _TOTALS.values():
@@ -141,8 +111,6 @@ def slurm(request):
             f"[slurm] all SLURM tests: SLURM jobs submitted: {sum(map(len, _TOTALS.values()))}, "
             f"finished: {n_done} ({_fmt(states)})",
         )
-    if started_here and os.environ.get("ADADAMP_SLURM_KEEP", "") in ("", "0"):
-        subprocess.run(["bash", str(STOP)], check=False, capture_output=True, text=True, timeout=120)
 
 
 def _fmt(states: dict[str, int]) -> str:
