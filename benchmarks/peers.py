@@ -243,8 +243,45 @@ def round_times(client, op: str, rounds: int, warmup: int = 10, **kwargs) -> lis
     return times
 
 
+def _empty_gradient(weights, indices, n_chunks, seed) -> dict:
+    return {"grad": None, "buffers": None, "n": 0, "loss_sum": 0.0, "chunk_sq_norm_sum": 0.0, "n_chunks": 0,
+            "compute_time": 0.0}
+
+
+def _start_channel(dask_worker) -> tuple[int, bytes]:
+    """A :class:`adadamp.channel.ChannelServer` on this worker that answers without computing."""
+    from adadamp.channel import ChannelServer, tcp_host
+
+    server = ChannelServer(tcp_host(dask_worker.address), _empty_gradient, n_weights=1, on_start=lambda: None)
+    dask_worker.bench_channel = server
+    return server.port, server.token
+
+
+def channel_round_times(client, rounds: int, warmup: int = 10) -> list[float]:
+    """Seconds per synchronous empty round over the engine's data plane (one channel per worker)."""
+    from adadamp.channel import Channel, tcp_host
+
+    offers = client.run(_start_channel)
+    channels = [Channel(tcp_host(a), port, token, 1, timeout=60) for a, (port, token) in sorted(offers.items())]
+    empty = np.empty(0, dtype=np.int64)
+    times = []
+    try:
+        for k in range(warmup + rounds):
+            start = time.perf_counter()
+            for ch in channels:
+                ch.send(empty, 1, 0, None)
+            for ch in channels:
+                ch.receive(time.monotonic() + 60)
+            if k >= warmup:
+                times.append(time.perf_counter() - start)
+    finally:
+        for ch in channels:
+            ch.close()
+    return times
+
+
 def run_floor(wl: Workload, quick: bool) -> dict:
-    """Median empty round, and a round carrying ``n_params`` float32 each way."""
+    """Median empty round (Dask RPC, and the engine's channel), and an RPC round carrying the weights."""
     rounds = 30 if quick else 300
     n_params = sum(p.numel() for p in wl.module().parameters())
     weights = np.zeros(n_params, dtype=np.float32)
@@ -254,12 +291,14 @@ def run_floor(wl: Workload, quick: bool) -> dict:
         client.register_plugin(FloorPlugin(), name=FloorPlugin.name)
         empty = round_times(client, "bench_noop", rounds)
         echo = round_times(client, "bench_echo", rounds, weights=to_serialize(weights))
+        channel = channel_round_times(client, rounds)
     finally:
         client.close()
         cluster.close()
     return {
         "floor_ms": 1e3 * statistics.median(empty),
         "floor_weights_ms": 1e3 * statistics.median(echo),
+        "channel_floor_ms": 1e3 * statistics.median(channel),
         "n_params": n_params,
         "rounds": rounds,
     }
