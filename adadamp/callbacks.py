@@ -23,7 +23,17 @@ from sklearn.base import BaseEstimator
 
 
 class StopTraining(Exception):
-    """Raised by a callback to end training after the current epoch or update."""
+    """Raised by a callback to end training after the current epoch or update.
+
+    The estimator keeps what it trained so far and logs the message.
+
+    Examples
+    --------
+    >>> class StopAtLoss(Callback):
+    ...     def on_epoch_end(self, estimator, row=None, **info):
+    ...         if row["train_loss"] < 0.1:
+    ...             raise StopTraining(f"train_loss {row['train_loss']:.3f} < 0.1")
+    """
 
 
 class Callback(BaseEstimator):
@@ -216,7 +226,15 @@ class ProgressBar(Callback):
 
 
 def resolve(callbacks, params: dict) -> list[tuple[str, Callback]]:
-    """Named, cloned callbacks with their ``callbacks__<name>__*`` parameters applied."""
+    """Named, cloned callbacks with their ``callbacks__<name>__*`` parameters applied.
+
+    Unnamed callbacks are named after their class.
+
+    Examples
+    --------
+    >>> [(name, cb.patience) for name, cb in resolve([EarlyStopping()], {"EarlyStopping__patience": 2})]
+    [('EarlyStopping', 2)]
+    """
     from sklearn.base import clone
 
     named = []

@@ -83,7 +83,7 @@ def embedded_client(n_workers: int):
             n_workers=n_workers,
             threads_per_worker=1,
             processes=True,
-            dashboard_address=None,
+            dashboard_address=":0",
             silence_logs=logging.ERROR,
         )
     client = Client(cluster, set_as_default=False)

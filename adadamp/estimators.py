@@ -754,6 +754,18 @@ class DaskBaseDamper(BaseEstimator):
         state["client"] = None
         return state
 
+    def __sklearn_clone__(self):
+        """``sklearn.base.clone`` that shares the ``client`` instead of copying it.
+
+        A Dask client is a live connection (it cannot be deep-copied), and the
+        clones made by ``GridSearchCV`` should train on the same cluster.
+        """
+        params = self.get_params(deep=False)
+        client = params.pop("client")
+        new = type(self)(**{k: clone(v, safe=False) for k, v in params.items()})
+        new.client = client
+        return new
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = str(self.device) != "cpu"

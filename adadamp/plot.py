@@ -20,6 +20,13 @@ matplotlib is optional for adadamp; these functions raise an ``ImportError``
 saying how to install it when it is missing (``pip install matplotlib`` or
 ``pip install "adadamp[plot]"``).  Figures are made with ``pyplot``, which
 falls back to the non-interactive Agg backend where there is no display.
+
+Examples
+--------
+>>> from adadamp import DaskClassifier, GeoDamp, plot  # doctest: +SKIP
+>>> est = DaskClassifier(batch_size=GeoDamp(initial=32, delay=2, factor=2), max_epochs=6).fit(X, y)  # doctest: +SKIP
+>>> fig = plot.plot_history(est, x="update")  # doctest: +SKIP
+>>> fig.savefig("history.png")  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def local_cluster(n_workers: int = 2):
         n_workers=n_workers,
         threads_per_worker=1,
         processes=True,
-        dashboard_address=None,
+        dashboard_address=":0",
         silence_logs=logging.ERROR,
     )
     return cluster, Client(cluster, set_as_default=False)

@@ -118,7 +118,7 @@ def main(argv=None) -> None:
     args.updates = args.updates or (10 if args.quick else 30)
 
     cluster = LocalCluster(
-        n_workers=sizes[0], threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+        n_workers=sizes[0], threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=logging.ERROR
     )
     client = Client(cluster, set_as_default=False)
     rows = []

@@ -201,10 +201,13 @@ def test_pickle_and_cloudpickle_with_local_module(client, clf_data):
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(plain)).predict(X), plain.predict(X))
 
 
-def test_grid_search_on_users_cluster_picks_by_accuracy(client, clf_data):
+@pytest.mark.parametrize("pass_client", [False, True], ids=["current-client", "client-param"])
+def test_grid_search_on_users_cluster_picks_by_accuracy(client, clf_data, pass_client):
     X, y = clf_data
+    est = DaskClassifier(max_epochs=3, random_state=0, client=client if pass_client else None)
+    assert clone(est).client is est.client  # shared, not copied
     grid = GridSearchCV(
-        DaskClassifier(max_epochs=3, random_state=0),
+        est,
         {"optimizer__lr": [1e-5, 1e-2]},
         cv=3,
     ).fit(X, y)
