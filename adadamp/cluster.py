@@ -10,6 +10,7 @@ retiring them (dask/distributed#5577, dask-engine.md §3.2).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -101,8 +102,29 @@ def live_workers(client: Client) -> dict[str, dict]:
     info = client.scheduler_info(n_workers=-1)
     if "workers" not in info:  # the client lost its scheduler
         raise ConnectionError(f"no answer from the Dask scheduler (client status: {client.status})")
-    workers = info["workers"]
+    return running(info["workers"])
+
+
+def running(workers: dict[str, dict]) -> dict[str, dict]:
+    """The workers of a scheduler identity that are running (not closing or paused)."""
     return {a: w for a, w in workers.items() if w.get("status", "running") == "running"}
+
+
+async def watch_workers(client: Client, interval: float, report) -> None:
+    """Call ``report(running_workers_or_exception)`` every ``interval`` s, on the client's event loop.
+
+    The training thread reads the latest report instead of waiting for the
+    scheduler each time it looks at the membership.
+    """
+    while True:
+        try:
+            info = await client.scheduler.identity(n_workers=-1)
+            report(running(info["workers"]))
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 -- the training thread decides what a failure means
+            report(err)
+        await asyncio.sleep(interval)
 
 
 def request_workers(client: Client, n: int) -> bool:

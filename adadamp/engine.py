@@ -121,6 +121,9 @@ class Engine:
         self.channels: dict[str, Channel] = {}
         self._payload = None
         self._last_refresh = -math.inf
+        self._known: set[str] | None = None  # live workers at the last full refresh
+        self._latest: dict | BaseException | None = None  # the membership watcher's latest report
+        self._watcher = None
         self._requested: int | None = None
         self._waited_for = 0
         self._live_names: set[str] = set()
@@ -141,6 +144,9 @@ class Engine:
         self.grads_np = self.grads.numpy()
         self._backup = self.flat.clone()
         self.client.register_plugin(TrainerPlugin(), name=TrainerPlugin.name)
+        self._watcher = asyncio.run_coroutine_threadsafe(
+            cl.watch_workers(self.client, MEMBERSHIP_INTERVAL, self._report), self.client.loop.asyncio_loop
+        )
         self._refresh_membership(force=True)
         if self.policy.scale:
             batch = self.damper.forecast_batch_size(self.loop.epoch) or self.damper.next_batch_size(self._train_state())
@@ -148,6 +154,8 @@ class Engine:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
         for w in list(self.channels):
             self._forget(w)
         with contextlib.suppress(Exception):
@@ -186,8 +194,13 @@ class Engine:
     def _refresh_membership(self, force: bool = False, lost: tuple[str, ...] = ()) -> None:
         """Drop lost workers, set up new ones, and rebalance the data blocks."""
         now = time.monotonic()
-        if not force and not lost and now - self._last_refresh < MEMBERSHIP_INTERVAL:
-            return
+        if not force and not lost:
+            if now - self._last_refresh < MEMBERSHIP_INTERVAL:
+                return
+            latest = self._latest
+            if isinstance(latest, dict) and set(latest) == self._known:
+                self._last_refresh = now
+                return  # nothing changed; lost workers show up on their channel or RPC at once
         self._last_refresh = now
         try:
             live = cl.live_workers(self.client)
@@ -219,7 +232,12 @@ class Engine:
                     logger.warning("worker %s could not be set up (%r); ignoring it for now", w, r)
                 elif r.get("channel"):
                     self._connect(w, r["channel"])
-            joined = [w for w, r in zip(joined, replies) if not isinstance(r, BaseException)]
+            failed = [w for w, r in zip(joined, replies) if isinstance(r, BaseException)]
+            joined = [w for w in joined if w not in failed]
+        else:
+            failed = []
+        # Look again at the next interval if anyone was left out; else only when the membership changes.
+        self._known = None if lost or failed else set(live)
         names = {str(info.get("name")) for a, info in live.items() if a not in lost}
         self._gone_names = (self._gone_names | self._live_names) - names
         self._live_names = names
@@ -230,6 +248,10 @@ class Engine:
             self._refresh_membership(force=True)
         elif new_workers != self.workers:
             self._rebalance(new_workers)
+
+    def _report(self, latest: dict | BaseException) -> None:
+        """The membership watcher's callback (client event loop)."""
+        self._latest = latest
 
     def _connect(self, worker: str, offer: dict) -> None:
         try:

@@ -3,6 +3,7 @@
 import logging
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 from distributed import Client, LocalCluster
 from sklearn.datasets import make_classification
 
-from adadamp import DaskClassifier
+from adadamp import DaskClassifier, engine
 from adadamp.dampers import Constant, GeoDamp
 
 
@@ -122,7 +123,8 @@ class AddAt(Constant):
     def next_batch_size(self, state):
         if state.n_updates == 3:
             _CLUSTERS["current"].scale(2)
-            _CLUSTERS["client"].wait_for_workers(2)  # the engine must notice it by itself
+            _CLUSTERS["client"].wait_for_workers(2)  # the engine must notice it by itself,
+            time.sleep(2 * engine.MEMBERSHIP_INTERVAL)  # within its membership interval
         return super().next_batch_size(state)
 
 
