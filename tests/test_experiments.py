@@ -1,6 +1,7 @@
 """Smoke versions of the experiments (the full runs are by hand, see experiments/README.md)."""
 
 import importlib.util
+import math
 from pathlib import Path
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
@@ -46,3 +47,45 @@ def test_dynamic_sgd_smoke(client):
     assert set(rows) == {"fixed", "linear", "dynamic", "velocity", "decrease"}
     assert all(r["spike"] > 0 for r in rows.values())
     assert "| early (epoch 1) | dynamic |" in exp.write_report(result)
+
+
+def test_momentum_workers_smoke(tmp_path):
+    exp = _load("momentum_workers")
+    momenta = [0.9, 0.99, "tang"]
+    # on its own LocalCluster, which the run scales to every P
+    result = exp.timed_run(lambda client: exp.run([1, 2], momenta, epochs=1, seeds=[0], client=client), 1)
+    cells = {(r["setting"], r["momentum"], r["P"]): r for r in result["rows"]}
+    expected = {(s, m, p) for s in ("fixed", "weak") for m in momenta for p in (1, 2)}
+    assert set(cells) == expected | {("control", 0.9, p) for p in (1, 2)}
+    for (_, _, p), r in cells.items():
+        assert 0 < r["accuracy"] <= 1 and r["test_loss"] > 0 and not r["diverged"]
+        assert r["n_workers"] == [p]  # real worker processes, one per simulated worker
+    for setting in ("fixed", "weak"):
+        for p in (1, 2):  # the preset is 0.9 up to 4 workers: the same run, bitwise
+            tang, plain = cells[(setting, "tang", p)], cells[(setting, 0.9, p)]
+            assert (tang["accuracy"], tang["test_loss"]) == (plain["accuracy"], plain["test_loss"])
+    # without BatchNorm the worker count does not change the arithmetic (up to summation order)
+    c1, c2 = cells[("control", 0.9, 1)], cells[("control", 0.9, 2)]
+    assert abs(c1["test_loss"] - c2["test_loss"]) < 1e-3 * c1["test_loss"]
+    # with BatchNorm each worker normalizes its own share, so it does
+    assert cells[("fixed", 0.9, 1)]["test_loss"] != cells[("fixed", 0.9, 2)]["test_loss"]
+    report = exp.save(result, tmp_path)
+    assert "| 0.99 |" in report and "best (test loss)" in report
+    assert all((tmp_path / f"momentum_workers.{ext}").stat().st_size > 0 for ext in ("md", "json", "png"))
+
+
+def test_simulator_calibration_smoke(tmp_path):
+    exp = _load("simulator_calibration")
+    result = exp.timed_run(lambda client: exp.run(client, n=3000, scale=0.25), 1)
+    rows = result["rows"]
+    assert [r["run"] for r in rows] == [*exp.runs(), "calib (again)"]
+    for r in rows:
+        # the schedule expansion predicts the engine's updates and worker-updates exactly
+        assert (r["updates_planned"], r["worker_updates_planned"]) == (r["updates"], r["worker_updates"])
+        for key in ("predicted", "predicted_from_record", "predicted_wall", "measured", "measured_wall"):
+            assert math.isfinite(r[key]) and r[key] > 0
+    assert rows[1]["breakdown"]["workers"] == [1] and rows[2]["breakdown"]["workers"] == [2]
+    assert result["calibration"]["us_per_example"] > 0
+    report = exp.save(result, tmp_path)
+    assert "| constant-1024, 2 workers |" in report
+    assert all((tmp_path / f"simulator_calibration.{ext}").stat().st_size > 0 for ext in ("md", "json"))
