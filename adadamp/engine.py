@@ -124,6 +124,7 @@ class Engine:
         self._known: set[str] | None = None  # live workers at the last full refresh
         self._latest: dict | BaseException | None = None  # the membership watcher's latest report
         self._watcher = None
+        self._client_threads: int | None = None  # the caller's torch threads, while we run with one
         self._requested: int | None = None
         self._waited_for = 0
         self._live_names: set[str] = set()
@@ -148,6 +149,11 @@ class Engine:
             cl.watch_workers(self.client, MEMBERSHIP_INTERVAL, self._report), self.client.loop.asyncio_loop
         )
         self._refresh_membership(force=True)
+        if self._shared is not None and self._shared.gradients:
+            # Workers share this machine: the client's intra-op threads would only compete with
+            # them (OpenMP threads spin after every parallel region), so step single-threaded.
+            self._client_threads = torch.get_num_threads()
+            torch.set_num_threads(1)
         if self.policy.scale:
             batch = self.damper.forecast_batch_size(self.loop.epoch) or self.damper.next_batch_size(self._train_state())
             self._scale_to(self.policy.wanted(int(batch)))
@@ -156,6 +162,8 @@ class Engine:
     def __exit__(self, *exc) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
+        if self._client_threads is not None:
+            torch.set_num_threads(self._client_threads)
         for w in list(self.channels):
             self._forget(w)
         with contextlib.suppress(Exception):

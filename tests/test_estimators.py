@@ -340,3 +340,23 @@ def test_batchnorm_running_statistics_come_back_from_the_workers(client):
     mean = est.module_.bn.running_mean.numpy()
     np.testing.assert_allclose(mean, X.mean(axis=0), rtol=0.1)  # not the initial zeros
     assert est.score(X, y) > 0.8
+
+
+def test_client_steps_single_threaded_beside_local_workers_and_restores_threads(client, clf_data):
+    """Workers on the client's machine own the cores; the caller's torch threads come back afterwards."""
+    from adadamp.callbacks import Callback
+
+    class RecordThreads(Callback):
+        def on_epoch_end(self, estimator, row=None, **info):
+            seen.append(torch.get_num_threads())
+
+    X, y = clf_data
+    seen = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        DaskClassifier(max_epochs=2, random_state=0, callbacks=[RecordThreads()]).fit(X, y)
+        assert seen == [1, 1]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
