@@ -411,6 +411,12 @@ class Engine:
                     lost.append(w)
                     todo.append(sub)
                     continue
+                if isinstance(r, WorkerError) and "more than 1 value per channel" in str(r):
+                    raise ValueError(
+                        f"A worker's share of update {self.loop.n_updates} was {len(sub)} example(s), too few for "
+                        "the module's batch normalization in training mode. Shares follow where the data lives, "
+                        "so raise the batch size or grads_per_worker (fewer workers per batch)."
+                    ) from r
                 if isinstance(r, BaseException):
                     raise r
                 grad = self._shared.gradients[w] if r["grad"] is None else r["grad"]

@@ -32,7 +32,7 @@ from torch import nn
 from . import callbacks as callbacks_mod
 from . import checkpoint
 from . import cluster as cl
-from .dampers import BaseDamper, Constant
+from .dampers import AdaScale, BaseDamper, Constant
 from .engine import Engine, LoopState
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .modules import MLP
@@ -325,6 +325,14 @@ class DaskBaseDamper(BaseEstimator):
                 raise ValueError(f"{keys} given but batch_size={bs!r} is not a damper; pass e.g. batch_size=GeoDamp.")
             damper = Constant(batch_size=int(bs))
         damper.reset(n_data)
+        if isinstance(damper, AdaScale) and not issubclass(self.optimizer, torch.optim.SGD):
+            warnings.warn(
+                f"AdaScale scales the learning rate of SGD (Johnson et al. 2020, Alg. 2); with "
+                f"optimizer={self.optimizer.__name__} its gain ratio has no such meaning. "
+                "Pass optimizer=torch.optim.SGD.",
+                UserWarning,
+                stacklevel=3,
+            )
         return damper
 
     def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:

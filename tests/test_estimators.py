@@ -360,3 +360,27 @@ def test_client_steps_single_threaded_beside_local_workers_and_restores_threads(
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_batchnorm_share_of_one_example_explains_itself(client):
+    class BNNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+            self.bn = nn.BatchNorm1d(2)
+
+        def forward(self, x):
+            return self.bn(self.fc(x))
+
+    X = np.random.default_rng(0).normal(size=(20, 4))
+    y = (X[:, 0] > 0).astype(int)
+    with pytest.raises(ValueError, match="too few for the module's batch normalization"):
+        DaskClassifier(module=BNNet, batch_size=1, max_epochs=1, random_state=0).fit(X, y)
+
+
+def test_adascale_without_sgd_warns(client, clf_data):
+    from adadamp.dampers import AdaScale
+
+    X, y = clf_data
+    with pytest.warns(UserWarning, match="AdaScale scales the learning rate of SGD"):
+        DaskClassifier(batch_size=AdaScale(batch_size=32), max_epochs=1, random_state=0).fit(X, y)
