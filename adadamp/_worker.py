@@ -115,6 +115,7 @@ class _FitState:
     X_dev: torch.Tensor | None = None
     y_dev: torch.Tensor | None = None
     local_row: np.ndarray | None = None  # global index -> row in X / y, -1 if absent
+    buffers: list[torch.Tensor] = field(default_factory=list)  # float buffers sent back each update
     lock: threading.Lock = field(default_factory=threading.Lock)  # data changes vs. gradients
     channel: ChannelServer | None = None
 
@@ -210,7 +211,7 @@ async def _adadamp_setup(
         module = module.to(device)
         module.train()
         flat, grads = flatten_parameters(module)
-        state = _FitState(module, criterion, device, flat, grads, int(n_total))
+        state = _FitState(module, criterion, device, flat, grads, int(n_total), buffers=float_buffers(module))
         if shared is not None and _same_host(shared):
             size = flat.numel()
             weights = torch.from_numpy(shared_array(shared["weights"], size))
@@ -317,9 +318,8 @@ def _gradient(state: _FitState, weights, indices: np.ndarray, n_chunks: int, see
             grad = None  # the client reads it from shared memory
         else:
             grad = total.detach().to("cpu").numpy()
-        buffers = float_buffers(state.module)
         return {
-            "buffers": torch.cat([b.reshape(-1) for b in buffers]).cpu().numpy() if buffers else None,
+            "buffers": torch.cat([b.reshape(-1) for b in state.buffers]).cpu().numpy() if state.buffers else None,
             "grad": grad,
             "n": n,
             "loss_sum": loss_sum,

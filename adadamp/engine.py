@@ -138,6 +138,7 @@ class Engine:
     def __enter__(self) -> Self:
         self._payload = cloudpickle.dumps((self.module, self.criterion, self.device))
         self.flat, self.grads = flatten_parameters(self.module)
+        self._buffers = float_buffers(self.module)
         self._shared = SharedBuffers.create(self.fit_id, self.flat.numel())
         if self._shared is not None:  # workers on this host read the weights in place
             self.flat, _ = bind_parameters(self.module, torch.from_numpy(self._shared.weights), self.grads)
@@ -399,9 +400,10 @@ class Engine:
         for _attempt in range(1 + 10):
             if not self.workers:
                 self._refresh_membership(force=True)
+            owners = [(part, self.block_owner[part // self.block_size]) for part in todo]
             requests = []  # one per worker and round: (worker, rank, indices)
             for k, w in enumerate(self.workers):
-                sub = np.concatenate([part[self.block_owner[part // self.block_size] == k] for part in todo])
+                sub = np.concatenate([part[owner == k] for part, owner in owners])
                 if len(sub):
                     requests.append((w, k, sub))
             replies = self._round(requests, n_chunks)
@@ -545,7 +547,7 @@ class Engine:
         """The module's BatchNorm-style statistics: the workers' example-weighted mean (algorithms.md P17)."""
         offset = 0
         with torch.no_grad():
-            for b in float_buffers(self.module):
+            for b in self._buffers:
                 b.copy_(torch.from_numpy(values[offset : offset + b.numel()]).view_as(b))
                 offset += b.numel()
 
