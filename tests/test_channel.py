@@ -7,10 +7,12 @@ import time
 import numpy as np
 import pytest
 import torch
+from distributed import default_client
 from sklearn.datasets import make_classification
 from torch import nn
 
-from adadamp import DaskClassifier, engine
+from adadamp import DaskClassifier, _worker, engine
+from adadamp.callbacks import Callback
 from adadamp.channel import Channel, ChannelServer, WorkerError, tcp_host
 
 
@@ -186,3 +188,59 @@ def test_an_error_in_the_workers_forward_reaches_the_user(client, data):
     est = DaskClassifier(module=FailsOnWorkers, max_epochs=1, random_state=0)
     with pytest.raises(WorkerError, match="forward refused on a worker"):
         est.fit(X, y)
+
+
+# ----------------------------------------------------------------------- worker threads
+
+POLICIES: dict[str, list[int]] = {}
+
+
+def _channel_thread_policies():
+    import threading
+
+    return [os.sched_getscheduler(t.native_id) for t in threading.enumerate() if t.name == "adadamp-channel"]
+
+
+class RecordPolicies(Callback):
+    def on_update_end(self, estimator, record=None, **info):
+        if "channel" not in POLICIES:
+            runs = default_client().run(_channel_thread_policies)
+            POLICIES["channel"] = [p for ps in runs.values() for p in ps]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="scheduling policies are Linux-only")
+def test_gradient_threads_do_not_preempt_the_client(client, data):
+    """Every worker's channel thread computes under SCHED_BATCH (no wake-up preemption of the client)."""
+    X, y = data
+    POLICIES.clear()
+    est = DaskClassifier(
+        module__hidden=(16,), max_epochs=1, batch_size=48, random_state=0, callbacks=[("p", RecordPolicies())]
+    )
+    est.fit(X, y)
+    n_workers = len(client.scheduler_info()["workers"])
+    assert POLICIES["channel"] == [os.SCHED_BATCH] * n_workers
+    assert set(client.run(lambda: _worker._EXECUTOR.submit(os.sched_getscheduler, 0).result()).values()) == {
+        os.SCHED_BATCH
+    }
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the client's own thread is left alone
+
+
+def test_seeded_updates_repeat_their_dropout_and_leave_the_callers_random_state(monkeypatch):
+    import traceback
+
+    # Seeding through torch.manual_seed would queue a CUDA seed with a captured stack on every update.
+    monkeypatch.setattr(traceback, "format_stack", lambda *a, **k: pytest.fail("a stack trace was captured"))
+    drop = nn.Dropout(0.5)
+    x = torch.ones(1000)
+    torch.default_generator.manual_seed(0)
+    before = torch.rand(3)
+    torch.default_generator.manual_seed(0)
+    with _worker._seeded(7, torch.device("cpu")):
+        first = drop(x)
+    after = torch.rand(3)
+    with _worker._seeded(7, torch.device("cpu")):
+        again = drop(x)
+    with _worker._seeded(8, torch.device("cpu")):
+        other = drop(x)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert torch.equal(before, after)  # the caller's stream went on as if nothing had been drawn
