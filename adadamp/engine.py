@@ -144,7 +144,9 @@ class Engine:
             self.flat, _ = bind_parameters(self.module, torch.from_numpy(self._shared.weights), self.grads)
         self.flat_np = self.flat.numpy()
         self.grads_np = self.grads.numpy()
-        self._backup = self.flat.clone()
+        # The weights before the last two steps: ``_backups[_current]`` is filled during
+        # this update's round, the other one holds the last weights with a finite loss.
+        self._backups, self._current = [self.flat.clone(), self.flat.clone()], 0
         self.client.register_plugin(TrainerPlugin(), name=TrainerPlugin.name)
         self._watcher = asyncio.run_coroutine_threadsafe(
             cl.watch_workers(self.client, MEMBERSHIP_INTERVAL, self._report), self.client.loop.asyncio_loop
@@ -393,9 +395,32 @@ class Engine:
         """Sum the workers' gradients over ``idx`` into ``self.grads_np``, recomputing lost shares.
 
         Sums run in rank order within each round, so the same workers give
-        bitwise the same result.
+        bitwise the same result.  Each reply is added as soon as it and the
+        replies before it are in, and the weights are backed up once the first
+        reply is in: both then overlap the slower workers' compute, on a core
+        the first worker has just freed.
         """
         total = {"n": 0, "loss_sum": 0.0, "chunk_sq_norm_sum": 0.0, "n_chunks": 0, "compute": 0.0}
+        backed_up = False
+
+        def add(w: str, r: dict) -> None:
+            nonlocal backed_up
+            grad = self._shared.gradients[w] if r["grad"] is None else r["grad"]
+            with np.errstate(invalid="ignore", over="ignore"):
+                if total["n"] == 0:
+                    np.copyto(self.grads_np, grad)
+                else:
+                    np.add(self.grads_np, grad, out=self.grads_np)
+            if r.get("buffers") is not None:  # running statistics, averaged by examples
+                weighted = r["buffers"] * r["n"]
+                total["buffers"] = weighted if total["n"] == 0 else total["buffers"] + weighted
+            for key in ("n", "loss_sum", "chunk_sq_norm_sum", "n_chunks"):
+                total[key] += r[key]
+            total["compute"] = max(total["compute"], r["compute_time"])
+            if not backed_up:  # these weights, in case the next update's loss is not finite
+                self._backups[self._current].copy_(self.flat)
+                backed_up = True
+
         todo = [idx]
         for _attempt in range(1 + 10):
             if not self.workers:
@@ -406,48 +431,36 @@ class Engine:
                 sub = np.concatenate([part[owner == k] for part, owner in owners])
                 if len(sub):
                     requests.append((w, k, sub))
-            replies = self._round(requests, n_chunks)
+            replies = self._round(requests, n_chunks, on_reply=add)
             todo, lost = [], []
             for (w, _, sub), r in zip(requests, replies):
                 if isinstance(r, _LOST):
                     lost.append(w)
                     todo.append(sub)
-                    continue
-                if isinstance(r, WorkerError) and "more than 1 value per channel" in str(r):
+                elif isinstance(r, WorkerError) and "more than 1 value per channel" in str(r):
                     raise ValueError(
                         f"A worker's share of update {self.loop.n_updates} was {len(sub)} example(s), too few for "
                         "the module's batch normalization in training mode. Shares follow where the data lives, "
                         "so raise the batch size or grads_per_worker (fewer workers per batch)."
                     ) from r
-                if isinstance(r, BaseException):
+                elif isinstance(r, BaseException):
                     raise r
-                grad = self._shared.gradients[w] if r["grad"] is None else r["grad"]
-                with np.errstate(invalid="ignore", over="ignore"):
-                    if total["n"] == 0:
-                        np.copyto(self.grads_np, grad)
-                    else:
-                        np.add(self.grads_np, grad, out=self.grads_np)
-                if r.get("buffers") is not None:  # running statistics, averaged by examples
-                    weighted = r["buffers"] * r["n"]
-                    total["buffers"] = weighted if total["n"] == 0 else total["buffers"] + weighted
-                for key in ("n", "loss_sum", "chunk_sq_norm_sum", "n_chunks"):
-                    total[key] += r[key]
-                total["compute"] = max(total["compute"], r["compute_time"])
             if not todo:
                 return total
             logger.warning("lost worker(s) %s during update %d; recomputing their share", lost, self.loop.n_updates)
             self._refresh_membership(force=True, lost=tuple(lost))
         raise NoWorkersError(f"update {self.loop.n_updates} failed on every retry: workers keep dying")
 
-    def _round(self, requests: list[tuple[str, int, np.ndarray]], n_chunks: int) -> list:
-        """Send every request, then collect the replies (dicts) in request order; exceptions are returned.
+    def _round(self, requests: list[tuple[str, int, np.ndarray]], n_chunks: int, on_reply) -> list:
+        """Send every request, then collect the replies in request order; exceptions are returned.
 
         Channel requests go out first, so the workers compute while any Dask
-        RPCs (workers without a channel) run.
+        RPCs (workers without a channel) run.  ``on_reply(worker, reply)`` runs for
+        each good reply, in request order, as soon as that reply is in.
         """
         replies: list = [None] * len(requests)
         deadline = time.monotonic() + self.policy.update_timeout
-        sent, rpc_calls, rpc_slots = [], [], []
+        sent, rpc_calls, rpc_slots = set(), [], []
         for i, (w, k, sub) in enumerate(requests):
             seed = (self.loop.seed * 1_000_003 + self.loop.n_updates * 7919 + k) % 2**63
             weights = None if self._shared is not None and w in self._shared.gradients else self.flat_np
@@ -460,16 +473,19 @@ class Engine:
                 continue
             try:
                 channel.send(sub, n_chunks, seed, weights)
-                sent.append(i)
+                sent.add(i)
             except OSError as err:
                 replies[i] = err
         for i, r in zip(rpc_slots, self._call_all(rpc_calls)):
             replies[i] = r
-        for i in sent:
-            try:
-                replies[i] = vars(self.channels[requests[i][0]].receive(deadline))
-            except (WorkerError, *_LOST) as err:
-                replies[i] = err
+        for i, (w, _, _) in enumerate(requests):
+            if i in sent:
+                try:
+                    replies[i] = vars(self.channels[w].receive(deadline))
+                except (WorkerError, *_LOST) as err:
+                    replies[i] = err
+            if isinstance(replies[i], dict):
+                on_reply(w, replies[i])
         return replies
 
     def update(self) -> dict:
@@ -502,7 +518,7 @@ class Engine:
         with np.errstate(invalid="ignore", over="ignore"):
             self.grads_np *= 1.0 / n
         if not math.isfinite(loss) or not np.isfinite(self.grads_np).all():
-            self.flat.copy_(self._backup)
+            self.flat.copy_(self._backups[1 - self._current])
             raise ConvergenceError(
                 f"Non-finite training loss ({loss}) at model update {self.loop.n_updates} with batch "
                 f"size {len(idx)}. The estimator keeps the last finite weights; lower the learning "
@@ -520,7 +536,7 @@ class Engine:
         plan = self.damper.plan_update(state, int(n), stats)
         t_agg = time.perf_counter()
 
-        self._backup.copy_(self.flat)
+        self._current = 1 - self._current
         lr = self._apply_plan(plan)
         self.optimizer.step()
         t_step = time.perf_counter()

@@ -321,6 +321,11 @@ def test_divergence_raises_and_keeps_last_finite_weights(client, reg_data):
         est.fit(X, y * 1e3)
     assert all(torch.isfinite(p).all() for p in est.module_.parameters())
     assert np.isfinite(est.predict(X)).all()
+    # The kept weights are the last ones whose training loss was finite, not the ones that diverged.
+    with torch.no_grad():
+        out = est.module_(torch.as_tensor(X, dtype=torch.float32))
+        loss = nn.functional.mse_loss(out, torch.as_tensor(y * 1e3, dtype=torch.float32).reshape(out.shape))
+    assert torch.isfinite(loss)
 
 
 def test_batchnorm_running_statistics_come_back_from_the_workers(client):
