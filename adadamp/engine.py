@@ -400,7 +400,7 @@ class Engine:
         reply is in: both then overlap the slower workers' compute, on a core
         the first worker has just freed.
         """
-        total = {"n": 0, "loss_sum": 0.0, "chunk_sq_norm_sum": 0.0, "n_chunks": 0, "compute": 0.0}
+        total = {"n": 0, "loss_sum": 0.0, "chunk_sq_norm_sum": 0.0, "n_chunks": 0, "compute": 0.0, "send": 0.0}
         backed_up = False
 
         def add(w: str, r: dict) -> None:
@@ -431,7 +431,8 @@ class Engine:
                 sub = np.concatenate([part[owner == k] for part, owner in owners])
                 if len(sub):
                     requests.append((w, k, sub))
-            replies = self._round(requests, n_chunks, on_reply=add)
+            replies, send_time = self._round(requests, n_chunks, on_reply=add)
+            total["send"] += send_time
             todo, lost = [], []
             for (w, _, sub), r in zip(requests, replies):
                 if isinstance(r, _LOST):
@@ -451,14 +452,18 @@ class Engine:
             self._refresh_membership(force=True, lost=tuple(lost))
         raise NoWorkersError(f"update {self.loop.n_updates} failed on every retry: workers keep dying")
 
-    def _round(self, requests: list[tuple[str, int, np.ndarray]], n_chunks: int, on_reply) -> list:
+    def _round(self, requests: list[tuple[str, int, np.ndarray]], n_chunks: int, on_reply) -> tuple[list, float]:
         """Send every request, then collect the replies in request order; exceptions are returned.
+
+        Returns the replies and the seconds spent writing the channel requests
+        (with the weights, for workers that do not map them).
 
         Channel requests go out first, so the workers compute while any Dask
         RPCs (workers without a channel) run.  ``on_reply(worker, reply)`` runs for
         each good reply, in request order, as soon as that reply is in.
         """
         replies: list = [None] * len(requests)
+        start = time.perf_counter()
         deadline = time.monotonic() + self.policy.update_timeout
         sent, rpc_calls, rpc_slots = set(), [], []
         for i, (w, k, sub) in enumerate(requests):
@@ -476,6 +481,7 @@ class Engine:
                 sent.add(i)
             except OSError as err:
                 replies[i] = err
+        send_time = time.perf_counter() - start
         for i, r in zip(rpc_slots, self._call_all(rpc_calls)):
             replies[i] = r
         for i, (w, _, _) in enumerate(requests):
@@ -486,7 +492,7 @@ class Engine:
                     replies[i] = err
             if isinstance(replies[i], dict):
                 on_reply(w, replies[i])
-        return replies
+        return replies, send_time
 
     def update(self) -> dict:
         """One model update; returns its record for the history."""
@@ -554,6 +560,7 @@ class Engine:
             "loss": loss,
             "compute_time": total["compute"],
             "comm_time": max(0.0, round_trip - total["compute"]),
+            "send_time": total["send"],
             "aggregate_time": t_agg - t_back,
             "step_time": t_step - t_agg,
             "update_time": t_step - t_start,

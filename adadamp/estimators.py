@@ -144,7 +144,8 @@ class DaskBaseDamper(BaseEstimator):
         One row per epoch: ``epoch, train_loss, batch_size, lr, n_workers,
         n_updates, n_samples_seen, dur`` and the per-update rows under
         ``"updates"`` (batch size, lr, workers, loss and a time breakdown:
-        ``compute_time, comm_time, aggregate_time, step_time, update_time``).
+        ``compute_time, comm_time, send_time, aggregate_time, step_time,
+        update_time``; see the callbacks guide).
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when X has string column names (pandas).

@@ -172,9 +172,14 @@ def test_history_rows(client, reg_data):
         assert key in row
     assert row["epoch"] == 2 and row["n_samples_seen"] == 400 and row["n_updates"] == 8
     update = row["updates"][0]
-    for key in ("batch_size", "lr", "n_workers", "loss", "compute_time", "comm_time", "update_time"):
+    times = ("compute_time", "comm_time", "send_time", "aggregate_time", "step_time")
+    for key in ("batch_size", "lr", "n_workers", "loss", *times, "update_time"):
         assert key in update
     assert update["n_workers"] == 2
+    for u in row["updates"]:  # every part is a part of the whole update
+        assert all(0 <= u[k] <= u["update_time"] for k in times)
+        assert u["compute_time"] + u["comm_time"] + u["aggregate_time"] + u["step_time"] <= u["update_time"]
+        assert 0 < u["send_time"]
     with pytest.raises(TypeError):
         est.meta_["n_updates"] = 0
 
