@@ -140,6 +140,10 @@ class DaskBaseDamper(BaseEstimator):
     criterion_ : torch.nn.Module
     damper_ : BaseDamper
         The resolved batch-size schedule with its training state.
+    callbacks_ : list of (str, Callback)
+        The callbacks of the last fit, by name: clones of ``callbacks`` (the
+        instances passed in stay untouched, as scikit-learn parameters do),
+        holding what they recorded, e.g. ``dict(est.callbacks_)["stop"].best_epoch_``.
     history_ : list of dict
         One row per epoch: ``epoch, train_loss, batch_size, lr, n_workers,
         n_updates, n_samples_seen, dur`` and the per-update rows under
@@ -535,6 +539,7 @@ class DaskBaseDamper(BaseEstimator):
         if epochs <= 0:
             return
         named = callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
+        state["callbacks_"] = named  # the clones that ran, with what they learned (EarlyStopping.best_epoch_)
         hooks = [cb for _, cb in named]
 
         def call(hook, **info):

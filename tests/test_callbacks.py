@@ -50,11 +50,12 @@ def test_hooks_run_in_loop_order(client, data):
 
 def test_early_stopping_restores_the_best_weights(client, data):
     X, y = data
+    given = EarlyStopping(patience=1)
     est = DaskClassifier(
         optimizer=torch.optim.SGD,
         optimizer__lr=2.0,  # noisy enough that the validation loss stops improving
         validation_fraction=0.3,
-        callbacks=[("stop", EarlyStopping(patience=1))],
+        callbacks=[("stop", given)],
         callbacks__stop__threshold=0.0,
         max_epochs=40,
         random_state=0,
@@ -67,6 +68,9 @@ def test_early_stopping_restores_the_best_weights(client, data):
         *_validation_split(est, X, y),
     )
     assert X_valid_loss == pytest.approx(best, rel=1e-5)
+    fitted = dict(est.callbacks_)["stop"]  # the clone that ran, not the instance passed in
+    assert fitted is not given and not hasattr(given, "best_epoch_")
+    assert fitted.best_epoch_ == 1 + losses.index(best) and fitted.patience == 1
 
 
 def _validation_split(est, X, y):
