@@ -218,7 +218,8 @@ def test_gradient_threads_do_not_preempt_the_client(client, data):
     )
     est.fit(X, y)
     n_workers = len(client.scheduler_info()["workers"])
-    assert POLICIES["channel"] == [os.SCHED_BATCH] * n_workers
+    # One channel thread per worker at least (a previous fit's may still be winding down).
+    assert len(POLICIES["channel"]) >= n_workers and set(POLICIES["channel"]) == {os.SCHED_BATCH}
     assert set(client.run(lambda: _worker._EXECUTOR.submit(os.sched_getscheduler, 0).result()).values()) == {
         os.SCHED_BATCH
     }
