@@ -105,6 +105,17 @@ def med(rows: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
+def paired_ratio(rows: list[dict], plain: list[dict]) -> float | None:
+    """Median over repeats of samples/s divided by the plain loop's in the same repeat.
+
+    Repeats are interleaved, so the pair ran minutes apart at most: steadier than the ratio of
+    medians on a machine whose speed drifts.
+    """
+    base = {r["repeat"]: r["samples_per_s"] for r in plain}
+    ratios = [r["samples_per_s"] / base[r["repeat"]] for r in rows if r["repeat"] in base]
+    return statistics.median(ratios) if ratios else None
+
+
 def fmt(x, spec: str = ".3g") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -138,8 +149,11 @@ def tables(records: list[dict], quick: bool) -> str:
         "",
         "## Throughput (median over repeats)",
         "",
-        "| workload | peer | samples/s | updates/s | ratio to plain | final loss | loss vs plain | peak RSS MB | train s | runs |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        (
+            "| workload | peer | samples/s | updates/s | ratio to plain | paired ratio | final loss | loss vs plain "
+            "| peak RSS MB | train s | runs |"
+        ),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
         base = summary.get((name, "plain"))
@@ -148,10 +162,12 @@ def tables(records: list[dict], quick: bool) -> str:
             if s is None:
                 continue
             ratio = s["samples_per_s"] / base["samples_per_s"] if base else None
+            paired = paired_ratio(groups.get((name, peer), []), groups.get((name, "plain"), []))
             dloss = f"{100 * (s['final_loss'] / base['final_loss'] - 1):+.2f}%" if base else "-"
             out.append(
                 f"| {name} | {peer} | {s['samples_per_s']:,.0f} | {s['updates_per_s']:,.1f} | {fmt(ratio, '.2f')} "
-                f"| {s['final_loss']:.4f} | {dloss} | {s['peak_rss_mb']:,.0f} | {s['train_s']:.2f} | {s['n']} |"
+                f"| {fmt(paired, '.2f')} | {s['final_loss']:.4f} | {dloss} | {s['peak_rss_mb']:,.0f} "
+                f"| {s['train_s']:.2f} | {s['n']} |"
             )
 
     floors = {name: summary[name, "floor"] for name in names if (name, "floor") in summary}
