@@ -119,7 +119,8 @@ class BaseDamper(BaseEstimator):
     validate them in :meth:`reset` and keep every evolving quantity in
     attributes ending in ``_`` created by :meth:`reset`.  They implement
     :meth:`next_batch_size` and, as needed, :meth:`plan_update` (the
-    default keeps the learning rate and momentum) and
+    default keeps the learning rate and applies the ``momentum`` rule, if
+    the damper has that parameter) and
     :meth:`forecast_batch_size` (lets the cluster grow ahead of the batch).
 
     Examples
@@ -220,7 +221,8 @@ class BaseDamper(BaseEstimator):
         >>> d.next_batch_size(s), d.plan_update(s, 200, None).lr_factor
         (200, 0.5)
         """
-        return UpdatePlan()
+        momentum = _resolve_momentum(getattr(self, "momentum", None), state.n_workers, batch_size)
+        return UpdatePlan(momentum=momentum)
 
     def forecast_batch_size(self, epoch: float) -> int | None:
         """Batch size expected at a future ``epoch`` (None if unknown).
@@ -276,12 +278,6 @@ class Constant(BaseDamper):
 
     def next_batch_size(self, state: TrainState) -> int:
         return int(self.batch_size)
-
-    def plan_update(
-        self, state: TrainState, batch_size: int, stats: GradStats | None
-    ) -> UpdatePlan:
-        m = _resolve_momentum(self.momentum, state.n_workers, batch_size)
-        return UpdatePlan(momentum=m)
 
     def forecast_batch_size(self, epoch: float) -> int | None:
         return int(self.batch_size)

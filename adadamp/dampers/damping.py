@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ._validation import _ceil, _check_int, _is_real
 from .base import BaseDamper, GradStats, TrainState, UpdatePlan
-from .momentum import _check_momentum, _resolve_momentum
+from .momentum import _check_momentum
 
 
 class _DampingSchedule(BaseDamper):
@@ -86,11 +87,10 @@ class _DampingSchedule(BaseDamper):
     def plan_update(
         self, state: TrainState, batch_size: int, stats: GradStats | None
     ) -> UpdatePlan:
-        lr_factor = 1.0
+        plan = super().plan_update(state, batch_size, stats)  # the momentum rule
         if self.damping_ > self.cap_:
-            lr_factor = self.cap_ / self.damping_
-        m = _resolve_momentum(self.momentum, state.n_workers, batch_size)
-        return UpdatePlan(lr_factor=lr_factor, momentum=m)
+            plan = dataclasses.replace(plan, lr_factor=self.cap_ / self.damping_)
+        return plan
 
 
 class GeoDamp(_DampingSchedule):
@@ -634,12 +634,6 @@ class GradientDescent(BaseDamper):
 
     def next_batch_size(self, state: TrainState) -> int:
         return int(state.n_data)
-
-    def plan_update(
-        self, state: TrainState, batch_size: int, stats: GradStats | None
-    ) -> UpdatePlan:
-        m = _resolve_momentum(self.momentum, state.n_workers, batch_size)
-        return UpdatePlan(momentum=m)
 
     def forecast_batch_size(self, epoch: float) -> int | None:
         return getattr(self, "n_data_", None)
