@@ -125,7 +125,7 @@ def test_joblib_dask_backend_fits_on_the_workers(client, digits):
 
 
 def test_dask_ml_grid_search(client, digits):
-    dask_ml = pytest.importorskip("dask_ml.model_selection")
+    dask_ml = pytest.importorskip("dask_ml.model_selection", reason="dask-ml is in the test extra: pip install -e .[test]")
     X, y = digits
     search = dask_ml.GridSearchCV(
         DaskClassifier(max_epochs=2, random_state=0),
@@ -138,7 +138,7 @@ def test_dask_ml_grid_search(client, digits):
 
 def test_dask_ml_hyperband_search(client, digits):
     """HyperbandSearchCV trains with partial_fit: one call is one epoch over the data block it is given."""
-    pytest.importorskip("dask_ml")
+    pytest.importorskip("dask_ml", reason="dask-ml is in the test extra: pip install -e .[test]")
     import dask
     import dask.array as da
     import dask_ml

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
+nbformat = pytest.importorskip("nbformat", reason="notebook tests need the test extra: pip install -e .[test]")
+nbclient = pytest.importorskip("nbclient", reason="notebook tests need the test extra: pip install -e .[test]")
+pytest.importorskip("ipykernel", reason="notebook tests need the test extra: pip install -e .[test]")
 
 pytestmark = pytest.mark.timeout(420)
 

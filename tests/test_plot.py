@@ -7,7 +7,7 @@ from sklearn.datasets import make_classification
 from adadamp import DaskClassifier
 from adadamp.dampers import GeoDamp
 
-matplotlib = pytest.importorskip("matplotlib")
+matplotlib = pytest.importorskip("matplotlib", reason="adadamp.plot needs the plot extra: pip install -e .[plot]")
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
