@@ -1,24 +1,43 @@
-"""Checkpoints of the client's training state, written atomically.
+"""Checkpoints of the client's training state: plain data, written atomically, loaded safely.
 
 The client is the only stateful process (workers hold caches), so a
 checkpoint is everything ``fit`` needs to go on as if it had never stopped:
-weights, optimizer state, damper state, the epoch clock and sampler position
-(the data order is a function of the seed and the data epoch), and the
-history (dask-engine.md §4.4).  Files are written to a temporary name and
-renamed, so a crash never leaves a half-written checkpoint.
+weights, optimizer state, the damper's fitted state, the epoch clock and
+sampler position (the data order is a function of the seed and the data
+epoch), and the history (dask-engine.md §4.4).
 
-Checkpoints are pickles (``torch.save``): load only files you trust.
+A checkpoint file is not trusted (DESIGN.md §4): it holds tensors and plain
+Python data only and is read with ``torch.load(weights_only=True)``, so a
+planted file cannot run code; a file owned by another user or writable by
+group or others is refused before it is read.  Writes go to a fresh
+temporary file in the same directory (``mkstemp``: never a fixed name, never
+through a symbolic link), which is synced and renamed over the target, and
+the directory is synced too, so a crash leaves the old file or the new one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import stat
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
-FORMAT = 1
+FORMAT = 2
+
+
+class UnsafeCheckpointError(PermissionError):
+    """A checkpoint file that others could have written; it is not read.
+
+    Examples
+    --------
+    >>> issubclass(UnsafeCheckpointError, PermissionError)
+    True
+    """
 
 
 def save(path: str | os.PathLike, state: dict, epoch_updates: list) -> None:
@@ -26,8 +45,8 @@ def save(path: str | os.PathLike, state: dict, epoch_updates: list) -> None:
 
     The estimators call this themselves when ``checkpoint=path`` is set
     (after every epoch and every ``checkpoint_every`` updates) and from
-    ``save_params(f_checkpoint=...)``.  The file is written under a
-    temporary name and renamed, so it is always complete.
+    ``save_params(f_checkpoint=...)``.  The file is private to its owner
+    (mode 0600) and always complete.
 
     Parameters
     ----------
@@ -44,26 +63,37 @@ def save(path: str | os.PathLike, state: dict, epoch_updates: list) -> None:
     --------
     >>> est.save_params(f_checkpoint="fit.ckpt")  # doctest: +SKIP
     """
+    targets = {k: state[k] for k in ("classes_", "_y_1d") if k in state}
+    if "classes_" in targets:
+        classes = np.asarray(targets["classes_"])
+        targets["classes_"] = {"values": classes.tolist(), "dtype": classes.dtype.str}
     payload = {
         "format": FORMAT,
         "module": state["module_"].state_dict(),
         "optimizer": state["optimizer_"].state_dict(),
-        "damper": state["damper_"],
-        "loop": dataclasses.asdict(state["loop_"]),
-        "history": state["history_"],
-        "epoch_updates": list(epoch_updates),
-        "targets": {k: state[k] for k in ("classes_", "_y_1d") if k in state},
+        "damper": damper_state(state["damper_"]),
+        "loop": plain(dataclasses.asdict(state["loop_"])),
+        "history": plain(state["history_"]),
+        "epoch_updates": plain(list(epoch_updates)),
+        "targets": plain(targets),
     }
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    _sync_directory(path.parent)
 
 
 def load(path: str | os.PathLike) -> dict:
-    """Read a checkpoint written by :func:`save`.
-
-    The file is a pickle (``torch.save``); load only files you trust.
+    """Read a checkpoint written by :func:`save`, without running any code it holds.
 
     Parameters
     ----------
@@ -72,12 +102,14 @@ def load(path: str | os.PathLike) -> dict:
     Returns
     -------
     dict
-        ``module`` and ``optimizer`` (state dicts), ``damper`` (the damper
-        with its training state), ``loop`` (the epoch clock and sampler
-        position), ``history``, ``epoch_updates`` and ``targets``.
+        ``module`` and ``optimizer`` (state dicts), ``damper`` (the damper's
+        fitted state, for :func:`restore_damper`), ``loop`` (the epoch clock
+        and sampler position), ``history``, ``epoch_updates`` and ``targets``.
 
     Raises
     ------
+    UnsafeCheckpointError
+        The file belongs to another user or group/others may write it.
     ValueError
         The file is not an adadamp checkpoint of this format.
 
@@ -89,7 +121,109 @@ def load(path: str | os.PathLike) -> dict:
     >>> len(saved["history"])  # doctest: +SKIP
     5
     """
-    payload = torch.load(path, weights_only=False)
-    if payload.get("format") != FORMAT:
+    with open(path, "rb") as f:
+        info = os.fstat(f.fileno())  # of the file opened, not of what the name points to later
+        if info.st_uid != os.geteuid():
+            raise UnsafeCheckpointError(
+                f"Refusing to load checkpoint {path}: it belongs to user id {info.st_uid}, not to this user "
+                f"({os.geteuid()}). Copy it if you trust it, or pass another checkpoint path."
+            )
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise UnsafeCheckpointError(
+                f"Refusing to load checkpoint {path}: group or others may write it (mode "
+                f"{stat.filemode(info.st_mode)}). Check it, then `chmod go-w {path}`."
+            )
+        try:
+            payload = torch.load(f, weights_only=True)
+        except Exception as err:
+            raise ValueError(
+                f"{path} is not an adadamp checkpoint of format {FORMAT} (it holds something other than tensors "
+                f"and plain data, or was written by an older adadamp): {err}"
+            ) from err
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not an adadamp checkpoint of format {FORMAT}.")
+    targets = payload["targets"]
+    if "classes_" in targets:
+        targets["classes_"] = np.asarray(targets["classes_"]["values"], dtype=np.dtype(targets["classes_"]["dtype"]))
     return payload
+
+
+def plain(value):
+    """``value`` as data ``torch.load(weights_only=True)`` reads: numpy becomes Python or tensors."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(plain(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    return value
+
+
+def damper_state(damper) -> dict:
+    """The fitted attributes of a damper (names ending in ``_``), nested dampers included.
+
+    Parameters are not saved: the estimator rebuilds the damper from its own
+    parameters and :func:`restore_damper` puts this state on it.
+    """
+    fitted = {}
+    for name, value in vars(damper).items():
+        if not name.endswith("_") or name.startswith("_"):
+            continue
+        if hasattr(value, "next_batch_size"):  # a nested schedule (AdaScale, DynamicSGD)
+            fitted[name] = {"damper": damper_state(value)}
+        elif _is_plain(value):
+            fitted[name] = {"value": plain(value)}
+    return {"classes": _class_names(damper), "fitted": fitted}
+
+
+def restore_damper(damper, saved: dict) -> None:
+    """Put a fitted state from :func:`damper_state` on a damper built from the same parameters."""
+    mine, theirs = _class_names(damper), saved["classes"]
+    if mine[0] not in theirs and theirs[0] not in mine:  # the same schedule, or one derived from the other
+        raise ValueError(
+            f"The checkpoint was written for the batch-size schedule {theirs[0]}; this estimator has "
+            f"{mine[0]}. Pass the batch_size it was trained with, or another checkpoint path."
+        )
+    for attr, entry in saved["fitted"].items():
+        if "damper" in entry:
+            restore_damper(getattr(damper, attr), entry["damper"])
+        else:
+            setattr(damper, attr, _numpy(entry["value"]))
+
+
+def _class_names(damper) -> list[str]:
+    """The damper's class and its bases, most derived first, as importable names."""
+    return [f"{c.__module__}.{c.__qualname__}" for c in type(damper).__mro__]
+
+
+def _is_plain(value) -> bool:
+    if value is None or isinstance(value, bool | int | float | str | np.generic | np.ndarray | torch.Tensor):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+def _numpy(value):
+    """Undo :func:`plain` for a damper attribute: tensors become numpy arrays again."""
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, list | tuple):
+        return type(value)(_numpy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _numpy(v) for k, v in value.items()}
+    return value
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX; a no-op where directories cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -28,12 +28,12 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 import time
 import uuid
 from typing import Self
 
 import cloudpickle
+import dask
 import numpy as np
 import torch
 from distributed import Client
@@ -41,10 +41,12 @@ from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
 from . import cluster as cl
-from ._worker import TrainerPlugin, bind_parameters, flatten_parameters, float_buffers, shared_array
+from . import shm
+from ._worker import TrainerPlugin, bind_parameters, flatten_parameters, float_buffers
 from .channel import Channel, WorkerError, tcp_host
 from .dampers import BaseDamper, GradStats, TrainState
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
+from .shm import SharedBuffers
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +141,7 @@ class Engine:
         self._payload = cloudpickle.dumps((self.module, self.criterion, self.device))
         self.flat, self.grads = flatten_parameters(self.module)
         self._buffers = float_buffers(self.module)
-        self._shared = SharedBuffers.create(self.fit_id, self.flat.numel())
+        self._shared = SharedBuffers.create(self.flat.numel(), dask.config.get("adadamp.shm-dir", shm.DEFAULT_DIR))
         if self._shared is not None:  # workers on this host read the weights in place
             self.flat, _ = bind_parameters(self.module, torch.from_numpy(self._shared.weights), self.grads)
         self.flat_np = self.flat.numpy()
@@ -616,57 +618,3 @@ class Engine:
             "dur": earlier + time.perf_counter() - start,
             "updates": updates,
         }
-
-
-class SharedBuffers:
-    """Weights and per-worker gradients in /dev/shm, for workers on the client's host.
-
-    Such workers map the client's weight buffer (the optimizer writes it in
-    place) and write their gradient sum into their own buffer, so an update
-    sends only example indices and gets back a few numbers: no copy of the
-    weights or gradients crosses a socket.  A worker proves it shares this
-    machine by reading a token file; others fall back to TCP.  The client
-    owns and removes every file.
-    """
-
-    ROOT = "/dev/shm"
-
-    def __init__(self, prefix: str, size: int):
-        self.prefix, self.size = prefix, size
-        self.token = uuid.uuid4().hex
-        with open(f"{prefix}-token", "w") as f:
-            f.write(self.token)
-        self.weights = shared_array(f"{prefix}-weights", size, create=True)
-        self.gradients: dict[str, np.ndarray] = {}
-        self._paths: dict[str, str] = {}
-        self._count = 0
-
-    @classmethod
-    def create(cls, fit_id: str, size: int) -> SharedBuffers | None:
-        if not os.path.isdir(cls.ROOT) or not os.access(cls.ROOT, os.W_OK):
-            return None
-        return cls(os.path.join(cls.ROOT, fit_id), size)
-
-    def offer(self, worker: str) -> dict:
-        """Create ``worker``'s gradient buffer; what its setup call needs to map both."""
-        self._count += 1
-        path = f"{self.prefix}-grad-{self._count}"
-        self._paths[worker] = path
-        self.gradients[worker] = shared_array(path, self.size, create=True)
-        return {"weights": f"{self.prefix}-weights", "gradient": path, "token_path": f"{self.prefix}-token",
-                "token": self.token}
-
-    def drop(self, worker: str) -> None:
-        self.gradients.pop(worker, None)
-        path = self._paths.pop(worker, None)
-        if path is not None:
-            with contextlib.suppress(OSError):
-                os.remove(path)
-
-    def close(self) -> None:
-        for worker in list(self._paths):
-            self.drop(worker)
-        for suffix in ("-weights", "-token"):
-            with contextlib.suppress(OSError):
-                os.remove(self.prefix + suffix)
-

@@ -36,6 +36,7 @@ from .dampers import AdaScale, BaseDamper, Constant
 from .engine import Engine, LoopState
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .modules import MLP
+from .seeding import seeded
 
 __all__ = ["DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
 
@@ -82,7 +83,10 @@ class DaskBaseDamper(BaseEstimator):
         Continue from the fitted state instead of starting afresh.
     random_state : int, RandomState or None, default=None
         Seeds the module's initial weights, the data order and dropout.
-        Same seed and same number of workers give bitwise the same weights.
+        Same seed and the same number of workers throughout the fit give
+        bitwise the same weights, whichever workers and wherever the client
+        runs; after workers change mid-fit, equal up to float summation
+        order (user guide, "Reproducibility").
     device : str, default="cpu"
         Where the workers compute ("cuda" for their GPU).  The client side
         always stays on the CPU.
@@ -342,8 +346,7 @@ class DaskBaseDamper(BaseEstimator):
 
     def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
         params = self._params_for("module")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded(seed):  # the lock keeps other threads' seeding out of these draws
             if self.module is None:
                 params = {"n_features": n_features, "n_outputs": n_outputs, **params}
                 return _construct(MLP, params, "module")
@@ -532,7 +535,8 @@ class DaskBaseDamper(BaseEstimator):
             raise ValueError(f"The checkpoint was written for {loop.n_data} examples; X has {n_data}.")
         state["module_"].load_state_dict(saved["module"])
         state["optimizer_"].load_state_dict(saved["optimizer"])
-        state.update(saved["targets"], damper_=saved["damper"], loop_=loop, history_=list(saved["history"]))
+        checkpoint.restore_damper(state["damper_"], saved["damper"])
+        state.update(saved["targets"], loop_=loop, history_=list(saved["history"]))
         return saved["epoch_updates"]
 
     def _train(self, state: dict, X, y, epochs: int, epoch_updates: list, valid=None) -> None:

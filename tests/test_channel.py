@@ -4,6 +4,7 @@ import os
 import socket
 import time
 
+import dask
 import numpy as np
 import pytest
 import torch
@@ -157,7 +158,7 @@ def test_every_data_path_trains_the_same_weights(client, data, monkeypatch):
     assert sends and all(sends)  # every request went over a channel, weights in shared memory
 
     sends.clear()
-    monkeypatch.setattr(engine.SharedBuffers, "create", classmethod(lambda cls, fit_id, size: None))
+    monkeypatch.setitem(dask.config.config, "adadamp", {"shm-dir": None})  # shared memory off
     over_socket = _weights(_fit(X, y))
     assert sends and not any(sends)  # the weights travelled with every request
 
@@ -224,24 +225,3 @@ def test_gradient_threads_do_not_preempt_the_client(client, data):
         os.SCHED_BATCH
     }
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the client's own thread is left alone
-
-
-def test_seeded_updates_repeat_their_dropout_and_leave_the_callers_random_state(monkeypatch):
-    import traceback
-
-    # Seeding through torch.manual_seed would queue a CUDA seed with a captured stack on every update.
-    monkeypatch.setattr(traceback, "format_stack", lambda *a, **k: pytest.fail("a stack trace was captured"))
-    drop = nn.Dropout(0.5)
-    x = torch.ones(1000)
-    torch.default_generator.manual_seed(0)
-    before = torch.rand(3)
-    torch.default_generator.manual_seed(0)
-    with _worker._seeded(7, torch.device("cpu")):
-        first = drop(x)
-    after = torch.rand(3)
-    with _worker._seeded(7, torch.device("cpu")):
-        again = drop(x)
-    with _worker._seeded(8, torch.device("cpu")):
-        other = drop(x)
-    assert torch.equal(first, again) and not torch.equal(first, other)
-    assert torch.equal(before, after)  # the caller's stream went on as if nothing had been drawn
