@@ -34,7 +34,7 @@ import torch
 from distributed import WorkerPlugin
 from distributed.protocol import to_serialize
 
-from .channel import ChannelServer, tcp_host
+from .channel import IDLE_TIMEOUT, ChannelServer, tcp_host
 from .seeding import seeded
 from .shm import attach
 
@@ -48,6 +48,7 @@ _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adadamp-comput
 _FITS: dict[str, _FitState] = {}
 _WORKER = {"host": None, "nthreads": 1}  # this process's worker: channel host, torch threads
 INLINE_SECONDS = 0.1  # gradients faster than this run on the worker's event loop
+IDLE_SECONDS = IDLE_TIMEOUT  # a fit with no request for this long is dropped (its client is gone)
 
 
 def flatten_parameters(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,6 +116,7 @@ class _FitState:
     local_row: np.ndarray | None = None  # global index -> row in X / y, -1 if absent
     buffers: list[torch.Tensor] = field(default_factory=list)  # float buffers sent back each update
     lock: threading.Lock = field(default_factory=threading.Lock)  # data changes vs. gradients
+    last_used: float = field(default_factory=time.monotonic)  # the client's last request or set-up
     channel: ChannelServer | None = None
 
     def update_blocks(self, add, drop) -> None:
@@ -238,6 +240,7 @@ async def _adadamp_setup(
         _FITS[fit_id] = state
         return state
 
+    _drop_idle_fits()
     state = await _run(build)
     reply = {"status": "OK", "shared": state.shared}
     if channel and _WORKER["host"] is not None:
@@ -246,15 +249,29 @@ async def _adadamp_setup(
             lambda weights, indices, n_chunks, seed: _gradient(state, weights, indices, n_chunks, seed),
             n_weights=state.flat.numel(),
             on_start=_compute_thread_start,
+            max_indices=state.n_total,
+            on_close=lambda: _close_fit(fit_id, only=state),  # the client closed the channel, or died
         )
         reply["channel"] = {"port": state.channel.port, "token": state.channel.token}
     return reply
 
 
-def _close_fit(fit_id: str) -> None:
-    state = _FITS.pop(fit_id, None)
-    if state is not None and state.channel is not None:
+def _close_fit(fit_id: str, only: _FitState | None = None) -> None:
+    """Drop a fit's state (``only``: if it is still that state, not a newer set-up's)."""
+    state = _FITS.get(fit_id)
+    if state is None or (only is not None and state is not only):
+        return
+    _FITS.pop(fit_id, None)
+    if state.channel is not None:
         state.channel.close()
+
+
+def _drop_idle_fits() -> None:
+    """Drop fits whose client has sent nothing for ``IDLE_SECONDS`` (a client killed without a channel)."""
+    now = time.monotonic()
+    for fit_id, state in list(_FITS.items()):
+        if now - state.last_used > IDLE_SECONDS:
+            _close_fit(fit_id, only=state)
 
 
 async def _adadamp_data(fit_id: str, add, drop) -> dict:
@@ -282,6 +299,7 @@ def _gradient(state: _FitState, weights, indices: np.ndarray, n_chunks: int, see
     chunk statistics AdaScale needs.
     """
     with state.lock:
+        state.last_used = time.monotonic()
         start = time.perf_counter()
         rows = state.local_row[indices]
         if (rows < 0).any():

@@ -10,10 +10,16 @@ event loop is involved, so a round costs two socket hops instead of Dask's
 message framing and thread hand-offs (about 0.03 ms instead of 1 ms for an
 empty round on a 2-core machine; ``benchmarks/README.md``).
 
-The worker sends its token over Dask's own comm in the set-up reply and the
-client presents it first on the socket, so only the client that set the fit
-up can drive it.  Channels are used for ``tcp://`` workers only: clusters
-with TLS or another transport keep every message on Dask's comm.
+The worker hands a per-fit secret key to the client over Dask's own comm
+(trusted, DESIGN.md §4); on the socket each side proves it holds the key
+with an HMAC over the other side's random challenge, so neither a local
+process that connects first nor one that answers in the worker's place can
+take part.  The listener keeps accepting (up to ``ACCEPT_TIMEOUT``) until a
+peer authenticates.  Every size in a message is checked against what the fit
+can need before anything is allocated, and a worker's error travels as
+length-capped UTF-8 text: nothing received is unpickled.  Channels are used
+for ``tcp://`` workers only: clusters with TLS or another transport keep
+every message on Dask's comm.
 
 This module runs on both sides and imports neither the client side nor
 scikit-learn.
@@ -22,7 +28,8 @@ scikit-learn.
 from __future__ import annotations
 
 import contextlib
-import pickle
+import hashlib
+import hmac
 import secrets
 import socket
 import struct
@@ -38,8 +45,22 @@ REQUEST = struct.Struct("<qqqq")
 # Reply: status (0 ok, 1 error), n, n_chunks, gradient floats, buffer floats, error bytes,
 # loss sum, chunk squared-norm sum, compute seconds.
 REPLY = struct.Struct("<qqqqqqddd")
-TOKEN_BYTES = 16
-ACCEPT_TIMEOUT = 120.0  # a channel nobody connects to is closed after this long
+TOKEN_BYTES = 32  # the per-fit key
+NONCE_BYTES = 16
+MAC = hashlib.sha256
+ACCEPT_TIMEOUT = 120.0  # a channel nobody authenticates on is closed after this long
+AUTH_TIMEOUT = 10.0  # seconds a connecting peer has to prove it holds the key
+IDLE_TIMEOUT = 3600.0  # a channel with no request for this long is closed (its fit dropped)
+MAX_ERROR_BYTES = 65536
+MAX_CHUNKS = 1 << 16
+
+
+class ChannelAuthError(PermissionError):
+    """The peer did not prove that it holds the fit's key."""
+
+
+def _mac(key: bytes, role: bytes, *nonces: bytes) -> bytes:
+    return hmac.new(key, role + b"".join(nonces), MAC).digest()
 
 
 def tcp_host(address: str) -> str | None:
@@ -99,24 +120,41 @@ class ChannelServer:
     ``compute(weights, indices, n_chunks, seed)`` returns the reply fields as
     a dict with numpy arrays; it runs in this thread, so the worker's event
     loop (heartbeats, Dask RPCs) keeps running while a gradient is computed.
+    ``on_close()`` runs once when the channel ends for any reason (the client
+    closed it or died, nobody authenticated, it sat idle for ``idle_timeout``):
+    the worker then drops the fit.  Requests for more than ``max_indices``
+    examples are refused.
     """
 
-    def __init__(self, host: str, compute: Callable[..., dict], n_weights: int, on_start: Callable[[], None]):
+    def __init__(
+        self,
+        host: str,
+        compute: Callable[..., dict],
+        n_weights: int,
+        on_start: Callable[[], None],
+        max_indices: int = 1 << 40,
+        on_close: Callable[[], None] | None = None,
+        idle_timeout: float = IDLE_TIMEOUT,
+    ):
         self.token = secrets.token_bytes(TOKEN_BYTES)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.bind((host, 0))
-        self._listener.listen(1)
-        self._listener.settimeout(ACCEPT_TIMEOUT)
+        self._listener.listen(8)
         self.port = self._listener.getsockname()[1]
         self._compute = compute
         self._weights = np.empty(n_weights, dtype=np.float32)
+        self._max_indices = max_indices
         self._on_start = on_start
+        self._on_close = on_close
+        self._idle_timeout = idle_timeout
         self._conn: socket.socket | None = None
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="adadamp-channel", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
+        self._closed.set()
         for sock in (self._listener, self._conn):
             if sock is not None:
                 with contextlib.suppress(OSError):
@@ -126,30 +164,58 @@ class ChannelServer:
 
     def _serve(self) -> None:
         try:
-            conn, _ = self._listener.accept()
-        except OSError:  # closed or nobody came
-            self.close()
-            return
-        self._listener.close()
-        self._conn = conn
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._on_start()
-        try:
-            token = bytearray(TOKEN_BYTES)
-            recv_exactly(conn, memoryview(token))
-            if not secrets.compare_digest(bytes(token), self.token):
+            conn = self._accept()
+            if conn is None:
                 return
+            self._on_start()
+            conn.settimeout(self._idle_timeout)
             while self._serve_one(conn):
                 pass
-        except (OSError, EOFError):
+        except (OSError, EOFError, ValueError):
             pass
         finally:
             self.close()
+            if self._on_close is not None:
+                self._on_close()
+
+    def _accept(self) -> socket.socket | None:
+        """The first connection that proves it holds the key; others are closed and forgotten."""
+        deadline = time.monotonic() + ACCEPT_TIMEOUT
+        while not self._closed.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._listener.settimeout(left)
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # closed, or nobody came in time
+                return None
+            try:
+                conn.settimeout(AUTH_TIMEOUT)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                challenge = secrets.token_bytes(NONCE_BYTES)
+                conn.sendall(challenge)
+                answer = bytearray(NONCE_BYTES + MAC().digest_size)
+                recv_exactly(conn, memoryview(answer))
+                theirs, mac = bytes(answer[:NONCE_BYTES]), bytes(answer[NONCE_BYTES:])
+                if not hmac.compare_digest(mac, _mac(self.token, b"client", challenge, theirs)):
+                    raise ChannelAuthError("wrong key")
+                conn.sendall(_mac(self.token, b"worker", theirs, challenge))
+            except (OSError, EOFError):
+                with contextlib.suppress(OSError):
+                    conn.close()
+                continue
+            self._listener.close()
+            self._conn = conn
+            return conn
+        return None
 
     def _serve_one(self, conn: socket.socket) -> bool:
         n_idx, n_chunks, seed, n_weights = _recv_header(conn, REQUEST)
         if n_idx < 0:
             return False
+        if n_idx > self._max_indices or not 0 <= n_chunks <= MAX_CHUNKS or n_weights not in (0, self._weights.size):
+            raise ValueError(f"malformed request ({n_idx} indices, {n_chunks} chunks, {n_weights} weights)")
         indices = np.empty(n_idx, dtype=np.int64)
         recv_exactly(conn, _as_bytes(indices))
         weights = None
@@ -159,7 +225,7 @@ class ChannelServer:
         try:
             r = self._compute(weights, indices, n_chunks, seed)
         except Exception as err:  # noqa: BLE001 -- any error is the client's to raise
-            message = pickle.dumps(f"{type(err).__name__}: {err}")
+            message = f"{type(err).__name__}: {err}".encode(errors="replace")[:MAX_ERROR_BYTES]
             conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0) + message)
             return True
         grad, buffers = r["grad"], r["buffers"]
@@ -186,11 +252,26 @@ class WorkerError(RuntimeError):
 class Channel:
     """The client's end of one worker's :class:`ChannelServer`."""
 
-    def __init__(self, host: str, port: int, token: bytes, n_weights: int, timeout: float):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.sendall(token)
-        self.n_weights = n_weights
+    def __init__(self, host: str, port: int, token: bytes, n_weights: int, timeout: float, n_buffers: int = 0):
+        self.sock = socket.create_connection((host, port), timeout=min(timeout, AUTH_TIMEOUT))
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            challenge = bytearray(NONCE_BYTES)
+            recv_exactly(self.sock, memoryview(challenge))
+            mine = secrets.token_bytes(NONCE_BYTES)
+            self.sock.sendall(mine + _mac(token, b"client", bytes(challenge), mine))
+            proof = bytearray(MAC().digest_size)
+            recv_exactly(self.sock, memoryview(proof))
+            if not hmac.compare_digest(bytes(proof), _mac(token, b"worker", mine, bytes(challenge))):
+                raise ChannelAuthError(f"{host}:{port} did not prove that it holds the fit's key")
+        except EOFError as err:
+            self.sock.close()
+            raise ChannelAuthError(f"{host}:{port} hung up during the handshake (a wrong key?)") from err
+        except BaseException:
+            self.sock.close()
+            raise
+        self.sock.settimeout(timeout)
+        self.n_weights, self.n_buffers = n_weights, n_buffers
         self._grad = np.empty(n_weights, dtype=np.float32)
 
     def send(self, indices: np.ndarray, n_chunks: int, seed: int, weights: np.ndarray | None) -> None:
@@ -203,10 +284,12 @@ class Channel:
         """The reply to the last :meth:`send`; ``TimeoutError`` after ``deadline`` (monotonic)."""
         self.sock.settimeout(max(1e-3, deadline - time.monotonic()))
         status, n, n_chunks, n_grad, n_buffers, n_error, loss_sum, sq_sum, compute = _recv_header(self.sock, REPLY)
+        if not (0 <= n_error <= MAX_ERROR_BYTES and n_grad in (0, self.n_weights) and 0 <= n_buffers <= self.n_buffers):
+            raise ConnectionError(f"malformed reply ({n_grad} gradient, {n_buffers} buffer floats, {n_error} bytes)")
         if status:
             message = bytearray(n_error)
             recv_exactly(self.sock, memoryview(message))
-            raise WorkerError(pickle.loads(message))
+            raise WorkerError(message.decode(errors="replace"))
         grad = None
         if n_grad:
             recv_exactly(self.sock, _as_bytes(self._grad))

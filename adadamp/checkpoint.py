@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import os
 import stat
 import tempfile
@@ -40,7 +41,53 @@ class UnsafeCheckpointError(PermissionError):
     """
 
 
-def save(path: str | os.PathLike, state: dict, epoch_updates: list) -> None:
+def fingerprint(X: np.ndarray, y: np.ndarray, params: dict) -> dict:
+    """What a checkpoint was trained on, to refuse resuming another fit from it.
+
+    ``data``: the arrays' shapes and types and a hash of up to 4096 evenly
+    spaced examples (cheap for any size, and different for another data set
+    or another cross-validation fold); ``params``: a hash of the parameters
+    that decide the trajectory, written stably (classes and functions by
+    name, never by address).
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    for a in (X, y):
+        a = np.ascontiguousarray(a)
+        digest.update(repr((a.shape, a.dtype.str)).encode())
+        rows = np.unique(np.linspace(0, len(a) - 1, min(len(a), 4096)).astype(np.int64))
+        digest.update(np.ascontiguousarray(a[rows]).tobytes())
+    return {
+        "data": digest.hexdigest(),
+        "params": hashlib.blake2b(_stable(params).encode(), digest_size=16).hexdigest(),
+    }
+
+
+def check_fingerprint(path, saved: dict, current: dict) -> None:
+    """Raise ``ValueError`` if the checkpoint at ``path`` was written by a fit of other data or parameters."""
+    differ = [k for k in ("data", "params") if saved.get(k) != current[k]]
+    if differ:
+        what = " and ".join({"data": "other training data", "params": "other parameters"}[k] for k in differ)
+        raise ValueError(
+            f"The checkpoint {path} was written by a fit with {what}, so this fit cannot resume from it. "
+            "Give each fit its own checkpoint path (e.g. one per GridSearchCV candidate and fold), or delete "
+            "the file to start afresh."
+        )
+
+
+def _stable(value) -> str:
+    """A repr that is the same in every process for equal parameters."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_stable(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, list | tuple):
+        return type(value).__name__ + "(" + ", ".join(_stable(v) for v in value) + ")"
+    if isinstance(value, type) or callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
+    if hasattr(value, "get_params"):  # scikit-learn style objects (dampers): class and parameters
+        return _stable(type(value)) + _stable(value.get_params(deep=False))
+    return repr(value)
+
+
+def save(path: str | os.PathLike, state: dict, epoch_updates: list, fingerprint: dict | None = None) -> None:
     """Write the training ``state`` (the estimator's fitted attributes) to ``path``.
 
     The estimators call this themselves when ``checkpoint=path`` is set
@@ -58,6 +105,9 @@ def save(path: str | os.PathLike, state: dict, epoch_updates: list) -> None:
     epoch_updates : list of dict
         The per-update records of the unfinished epoch (empty at an epoch
         boundary).
+    fingerprint : dict, optional
+        What the fit trains on (:func:`fingerprint`); a fit resuming from the
+        file must match it.
 
     Examples
     --------
@@ -76,6 +126,7 @@ def save(path: str | os.PathLike, state: dict, epoch_updates: list) -> None:
         "history": plain(state["history_"]),
         "epoch_updates": plain(list(epoch_updates)),
         "targets": plain(targets),
+        "fingerprint": fingerprint or {},
     }
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -53,6 +53,7 @@ logger = logging.getLogger(__name__)
 USE_CHANNELS = True  # gradient rounds over adadamp.channel where workers are tcp:// (else Dask RPCs)
 MEMBERSHIP_INTERVAL = 0.5  # seconds between looks at the scheduler's worker list
 HEAL_INTERVAL = 5.0  # seconds a shortfall of workers lasts before they are asked for again
+SETUP_TRIES = 3  # failed set-ups after which a worker is left out of the fit
 _LOST = (OSError, CommClosedError, asyncio.TimeoutError, TimeoutError, EOFError)
 
 
@@ -125,8 +126,9 @@ class Engine:
         self._last_refresh = -math.inf
         self._known: set[str] | None = None  # live workers at the last full refresh
         self._latest: dict | BaseException | None = None  # the membership watcher's latest report
-        self._watcher = None
-        self._client_threads: int | None = None  # the caller's torch threads, while we run with one
+        self._set_up: set[str] = set()  # workers that may hold this fit's state (released at the end)
+        self._strikes: dict[str, int] = {}  # failed set-ups per worker; SETUP_TRIES: left out (quarantined)
+        self._errors: dict[str, BaseException] = {}  # each worker's last failure, for the error message
         self._requested: int | None = None
         self._waited_for = 0
         self._live_names: set[str] = set()
@@ -138,48 +140,64 @@ class Engine:
 
     # ------------------------------------------------------------------ set-up
     def __enter__(self) -> Self:
+        """Acquire everything the fit needs; on any failure release what was acquired, then raise."""
+        self._stack = contextlib.ExitStack()
+        try:
+            self._acquire(self._stack)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _acquire(self, stack: contextlib.ExitStack) -> None:
+        """Each resource is registered for release as soon as it is held (last in, first out)."""
         self._payload = cloudpickle.dumps((self.module, self.criterion, self.device))
         self.flat, self.grads = flatten_parameters(self.module)
         self._buffers = float_buffers(self.module)
         self._shared = SharedBuffers.create(self.flat.numel(), dask.config.get("adadamp.shm-dir", shm.DEFAULT_DIR))
         if self._shared is not None:  # workers on this host read the weights in place
+            stack.callback(self._shared.close)
             self.flat, _ = bind_parameters(self.module, torch.from_numpy(self._shared.weights), self.grads)
+        stack.callback(self._own_storage)
         self.flat_np = self.flat.numpy()
         self.grads_np = self.grads.numpy()
         # The weights before the last two steps: ``_backups[_current]`` is filled during
         # this update's round, the other one holds the last weights with a finite loss.
         self._backups, self._current = [self.flat.clone(), self.flat.clone()], 0
         self.client.register_plugin(TrainerPlugin(), name=TrainerPlugin.name)
+        stack.callback(self._release_workers)
         self._watcher = asyncio.run_coroutine_threadsafe(
             cl.watch_workers(self.client, MEMBERSHIP_INTERVAL, self._report), self.client.loop.asyncio_loop
         )
+        stack.callback(self._watcher.cancel)
         self._refresh_membership(force=True)
         if self._shared is not None and self._shared.gradients:
             # Workers share this machine: the client's intra-op threads would only compete with
             # them (OpenMP threads spin after every parallel region), so step single-threaded.
-            self._client_threads = torch.get_num_threads()
+            stack.callback(torch.set_num_threads, torch.get_num_threads())
             torch.set_num_threads(1)
         if self.policy.scale:
             batch = self.damper.forecast_batch_size(self.loop.epoch) or self.damper.next_batch_size(self._train_state())
             self._scale_to(self.policy.wanted(int(batch)))
-        return self
 
     def __exit__(self, *exc) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-        if self._client_threads is not None:
-            torch.set_num_threads(self._client_threads)
+        self._stack.close()
+
+    def _release_workers(self) -> None:
+        """Close the channels and drop the fit's state on every worker that has it."""
         for w in list(self.channels):
             self._forget(w)
+        reachable = [w for w in self._set_up if not self._quarantined(w)]  # a hung one drops it when it wakes
         with contextlib.suppress(Exception):
-            self._call_all([(w, "adadamp_release", {"fit_id": self.fit_id}) for w in self.workers], timeout=5.0)
-        # Give the parameters their own storage again, so the module pickles
-        # compactly and outlives the flat buffer.
+            self._call_all([(w, "adadamp_release", {"fit_id": self.fit_id}) for w in reachable], timeout=5.0)
+        self._set_up.clear()
+
+    def _own_storage(self) -> None:
+        """Give the parameters their own storage again, so the module pickles compactly and
+        outlives the flat (possibly shared-memory) buffer."""
         for p in self.module.parameters():
             p.data = p.data.clone()
             p.grad = None
-        if self._shared is not None:
-            self._shared.close()
 
     # -------------------------------------------------------------- RPC fan-out
     def _call_all(self, calls: list[tuple[str, str, dict]], timeout: float | None = None):
@@ -226,7 +244,7 @@ class Engine:
         survivors = [w for w in self.workers if w in live and w not in lost]
         for w in set(self.workers) - set(survivors):
             self._forget(w)
-        joined = sorted(w for w in live if w not in self.workers and w not in lost)
+        joined = sorted(w for w in live if w not in self.workers and w not in lost and not self._quarantined(w))
         if joined:
             calls = []
             for w in joined:
@@ -235,13 +253,15 @@ class Engine:
                 if self._shared is not None:
                     kwargs["shared"] = self._shared.offer(w)
                 calls.append((w, "adadamp_setup", kwargs))
-            replies = self._call_all(calls, timeout=max(60.0, self.policy.update_timeout))
+            self._set_up.update(joined)
+            replies = self._call_all(calls, timeout=self.policy.update_timeout)
             for w, r in zip(joined, replies):
                 if self._shared is not None and (isinstance(r, BaseException) or not r.get("shared")):
                     self._shared.drop(w)  # another host: weights and gradients go over TCP
                 if isinstance(r, BaseException):
                     if not isinstance(r, _LOST):
                         raise r
+                    self._strike(w, r)
                     logger.warning("worker %s could not be set up (%r); ignoring it for now", w, r)
                 elif r.get("channel"):
                     self._connect(w, r["channel"])
@@ -257,10 +277,28 @@ class Engine:
         new_workers = survivors + joined
         if not new_workers:
             self.workers = []
+            candidates = [w for w in live if w not in lost]
+            if candidates and all(self._quarantined(w) for w in candidates):
+                errors = "; ".join(f"{w}: {self._errors.get(w)!r}" for w in candidates)
+                raise NoWorkersError(
+                    f"No worker could take part in the fit: each failed {SETUP_TRIES} set-ups or hung "
+                    f"past update_timeout={self.policy.update_timeout} s ({errors}). The estimator keeps "
+                    "its last good state; fix the workers (see their logs) and fit again."
+                )
             self._wait_for_workers()
             self._refresh_membership(force=True)
         elif new_workers != self.workers:
             self._rebalance(new_workers)
+
+    def _strike(self, worker: str, error: BaseException, *, out: bool = False) -> None:
+        """Count a failed set-up (``out``: a hang; leave the worker out of this fit at once)."""
+        self._strikes[worker] = SETUP_TRIES if out else self._strikes.get(worker, 0) + 1
+        self._errors[worker] = error
+        if self._quarantined(worker):
+            logger.warning("leaving worker %s out of this fit (%r)", worker, error)
+
+    def _quarantined(self, worker: str) -> bool:
+        return self._strikes.get(worker, 0) >= SETUP_TRIES
 
     def _report(self, latest: dict | BaseException) -> None:
         """The membership watcher's callback (client event loop)."""
@@ -269,7 +307,12 @@ class Engine:
     def _connect(self, worker: str, offer: dict) -> None:
         try:
             self.channels[worker] = Channel(
-                tcp_host(worker), offer["port"], offer["token"], self.flat.numel(), timeout=self.policy.update_timeout
+                tcp_host(worker),
+                offer["port"],
+                offer["token"],
+                self.flat.numel(),
+                timeout=self.policy.update_timeout,
+                n_buffers=sum(b.numel() for b in self._buffers),
             )
         except OSError as err:  # e.g. a firewall between client and worker: Dask RPCs still work
             logger.warning("no direct channel to %s (%r); its gradients go through Dask RPCs", worker, err)
@@ -340,9 +383,11 @@ class Engine:
         ]
         replies = self._call_all(calls, timeout=max(60.0, self.policy.update_timeout))
         failed = tuple(c[0] for c, r in zip(calls, replies) if isinstance(r, BaseException))
-        for r in replies:
+        for (w, _, _), r in zip(calls, replies):
             if isinstance(r, BaseException) and not isinstance(r, _LOST):
                 raise r
+            if isinstance(r, BaseException):
+                self._strike(w, r)
         self.workers = new_workers
         rank = {w: k for k, w in enumerate(new_workers)}
         self.block_owner = np.array([rank[w] for w in owner], dtype=np.int64)
@@ -440,6 +485,8 @@ class Engine:
                 if isinstance(r, _LOST):
                     lost.append(w)
                     todo.append(sub)
+                    if isinstance(r, asyncio.TimeoutError | TimeoutError):  # alive but hung (or far too slow)
+                        self._strike(w, r, out=True)
                 elif isinstance(r, WorkerError) and "more than 1 value per channel" in str(r):
                     raise ValueError(
                         f"A worker's share of update {self.loop.n_updates} was {len(sub)} example(s), too few for "

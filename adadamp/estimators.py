@@ -14,6 +14,7 @@ import difflib
 import inspect
 import json
 import logging
+import math
 import numbers
 import os
 import types
@@ -109,8 +110,9 @@ class DaskBaseDamper(BaseEstimator):
     worker_timeout : float, default=60
         Seconds to wait for a worker when none is left.
     update_timeout : float, default=120
-        Seconds one worker may take for one gradient before it is treated
-        as lost (its share is recomputed on the others).
+        Seconds one worker may take for one gradient (or its set-up) before
+        it is treated as lost (its share is recomputed on the others); a
+        worker still listed after that is left out of the fit as hung.
     checkpoint : str or path-like, default=None
         File for the training state (weights, optimizer, damper, epoch clock,
         sampler position, history), written atomically after every epoch
@@ -309,6 +311,27 @@ class DaskBaseDamper(BaseEstimator):
             )
         if not isinstance(self.device, (str, torch.device)):
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda'; got {self.device!r}.")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, ValueError) as err:
+            raise ValueError(
+                f"device={self.device!r} is not a torch device; pass e.g. 'cpu', 'cuda' or 'cuda:1'."
+            ) from err
+        for name, low, strict in (("update_timeout", 0, True), ("worker_timeout", 0, True), ("scale_wait", 0, False)):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, numbers.Real)
+                or not math.isfinite(value)
+                or (value <= low if strict else value < low)
+            ):
+                bound = "> 0" if strict else ">= 0"
+                raise ValueError(f"{name} must be a finite number of seconds {bound}; got {value!r}.")
+        every = self.checkpoint_every
+        if every is not None and (isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1):
+            raise ValueError(f"checkpoint_every must be None or an integer >= 1 (model updates); got {every!r}.")
+        if every is not None and self.checkpoint is None:
+            raise ValueError(f"checkpoint_every={every} needs a checkpoint file: pass checkpoint='fit.ckpt'.")
         vf = self.validation_fraction
         if vf is not None and not (isinstance(vf, numbers.Real) and 0 < vf < 1):
             raise ValueError(f"validation_fraction must be None or in (0, 1); got {vf!r}.")
@@ -372,10 +395,12 @@ class DaskBaseDamper(BaseEstimator):
 
     # ------------------------------------------------------------------- data
     def _to_arrays(self, X, y, reset: bool):
+        """Validated float32 ``X`` and ``y``, and (fresh fits) the feature attributes to commit."""
         X = _as_numpy(X)
         y = _as_numpy(y) if y is not None else None
+        checked = copy.copy(self) if reset else self  # a fresh fit sets n_features_in_ only when it succeeds
         X, y = validate_data(
-            self,
+            checked,
             X,
             y,
             reset=reset,
@@ -386,7 +411,9 @@ class DaskBaseDamper(BaseEstimator):
         )
         if X.shape[0] < 2:
             raise ValueError(f"Found {X.shape[0]} sample(s); adadamp needs at least 2 samples to train.")
-        return np.ascontiguousarray(X), y
+        names = ("n_features_in_", "feature_names_in_")
+        features = {k: getattr(checked, k) for k in names if reset and hasattr(checked, k) and k in vars(checked)}
+        return np.ascontiguousarray(X), y, features
 
     # -------------------------------------------------------------- training
     def fit(self, X, y=None, **fit_params) -> DaskBaseDamper:
@@ -472,8 +499,9 @@ class DaskBaseDamper(BaseEstimator):
         self._check_params()
         if isinstance(X, torch.utils.data.Dataset):
             X, y = _from_dataset(X, y)
-        X, y = self._to_arrays(X, y, reset=fresh)
+        X, y, features = self._to_arrays(X, y, reset=fresh)
         y, targets = self._encode_targets(y, fresh=fresh, classes=classes)
+        targets.update(features)
         n_outputs = self._n_outputs(targets, y)
         seed = int(check_random_state(self.random_state).randint(2**31 - 1)) if fresh else self.loop_.seed
         valid = None
@@ -495,29 +523,59 @@ class DaskBaseDamper(BaseEstimator):
             }
             epoch_updates = []
             if self.checkpoint is not None and os.path.exists(self.checkpoint):
-                epoch_updates = self._restore(state, checkpoint.load(self.checkpoint), len(X))
+                saved = checkpoint.load(self.checkpoint)
+                checkpoint.check_fingerprint(self.checkpoint, saved["fingerprint"], self._fingerprint(X, y))
+                epoch_updates = self._restore(state, saved, len(X))
                 epochs -= len(state["history_"])
         else:
             epoch_updates = []
-            state = self._state()
-            state["history_"] = list(self.history_)
+            # Train on copies (one deepcopy: the optimizer keeps pointing at the copied module), so a
+            # failed call leaves the fitted state as it was.
+            state = copy.deepcopy(self._state())
             state.update(targets)
+            self._apply_optimizer_params(state)
             if self._damper_spec() != self._damper_spec_:
                 state["damper_"] = self._build_damper(len(X))  # batch_size changed since the last fit
             if state["loop_"].n_data != len(X):
                 state["loop_"] = _resized(state["loop_"], len(X))
+        if self.checkpoint is not None:
+            state["_fingerprint_"] = self._fingerprint(X, y)
         self._training_state = state  # save_params from a callback saves this state, not the last fit's
+        start = state["loop_"].n_updates
         try:
             self._train(state, X, y, epochs, epoch_updates, valid)
         except (ConvergenceError, NoWorkersError, SchedulerLostError):
-            self._commit(state)  # training stopped, but with the last good weights
+            if state["loop_"].n_updates > start:
+                self._commit(state)  # training stopped cleanly, with the last good weights
             raise
         finally:
             del self._training_state
         self._commit(state)
         return self
 
+    def _fingerprint(self, X, y) -> dict:
+        """What decides this fit's trajectory: the training data and the parameters (not max_epochs)."""
+        keys = ("module", "criterion", "optimizer", "batch_size", "random_state", "validation_fraction")
+        params = {k: v for k, v in self.get_params(deep=False).items() if k in keys or _routed_prefix(k)}
+        params = {k: v for k, v in params.items() if not k.startswith("callbacks__")}
+        return checkpoint.fingerprint(X, y, params)
+
+    def _apply_optimizer_params(self, state: dict) -> None:
+        """``set_params(optimizer=..., optimizer__*=...)`` since the last fit takes effect now (as in skorch)."""
+        optimizer = state["optimizer_"]
+        if type(optimizer) is not self.optimizer:
+            state["optimizer_"] = self._build_optimizer(state["module_"])
+            return
+        params = self._params_for("optimizer")
+        for group in optimizer.param_groups:
+            for key, value in params.items():
+                group[key] = value
+                if key == "lr":
+                    group["adadamp_base_lr"] = value  # what the schedules' lr factor multiplies
+
     def _commit(self, state: dict) -> None:
+        if "n_features_in_" in state and "feature_names_in_" not in state and hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_  # a fresh fit on data without column names
         for key, value in state.items():
             setattr(self, key, value)
         self.n_iter_ = len(self.history_)
@@ -553,7 +611,7 @@ class DaskBaseDamper(BaseEstimator):
         def on_update(updates):
             every = self.checkpoint_every
             if self.checkpoint is not None and every and state["loop_"].n_updates % every == 0:
-                checkpoint.save(self.checkpoint, state, updates)
+                checkpoint.save(self.checkpoint, state, updates, state.get("_fingerprint_"))
             call("on_update_end", record=updates[-1])
 
         with self._client_context(state) as (client, policy):
@@ -580,7 +638,7 @@ class DaskBaseDamper(BaseEstimator):
                             row["valid_loss"] = self._loss(state, *valid)
                         state["history_"].append(row)
                         if self.checkpoint is not None:
-                            checkpoint.save(self.checkpoint, state, [])
+                            checkpoint.save(self.checkpoint, state, [], state.get("_fingerprint_"))
                         if self.verbose:
                             _print_row(row, header=len(state["history_"]) == 1)
                         call("on_epoch_end", row=row)
@@ -625,8 +683,16 @@ class DaskBaseDamper(BaseEstimator):
             yield client, policy
 
     def _check_output_shape(self, module, criterion, X, y, n_outputs: int) -> None:
-        with torch.no_grad():
-            out = module(torch.tensor(X[:2]))
+        """A forward pass on two examples on the client, so a misfit module fails here, clearly."""
+        try:
+            with torch.no_grad():
+                out = module(torch.tensor(X[:2]))
+        except Exception as err:
+            routed = sorted(self._params_for("module")) or ["..."]
+            raise ValueError(
+                f"The module {type(module).__name__} cannot take X's examples of shape {tuple(X.shape[1:])}: "
+                f"{type(err).__name__}: {err}. Change its input size (module__{routed[0]}=...) or reshape X."
+            ) from err
         target = torch.from_numpy(y[:2])
         expected = self._expected_output_shape(criterion, target, n_outputs)
         if expected is not None and tuple(out.shape) != expected:
@@ -674,7 +740,7 @@ class DaskBaseDamper(BaseEstimator):
             with open(f_history, "w") as f:
                 json.dump(state["history_"], f)
         if f_checkpoint is not None:
-            checkpoint.save(f_checkpoint, state, [])
+            checkpoint.save(f_checkpoint, state, [], state.get("_fingerprint_"))
 
     def load_params(self, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> DaskBaseDamper:
         """Load what :meth:`save_params` saved into a fitted estimator of the same structure.
@@ -722,7 +788,8 @@ class DaskBaseDamper(BaseEstimator):
         return self
 
     def _state(self) -> dict:
-        keys = ("module_", "criterion_", "optimizer_", "damper_", "loop_", "history_", "classes_", "_y_1d")
+        keys = ("module_", "criterion_", "optimizer_", "damper_", "loop_", "history_", "classes_", "_y_1d",
+                "_fingerprint_")
         return {k: getattr(self, k) for k in keys if hasattr(self, k)}
 
     # -------------------------------------------------------------- predict
@@ -954,7 +1021,14 @@ class DaskRegressor(RegressorMixin, DaskBaseDamper):
         y_1d = y.ndim == 1
         if not fresh and y_1d != self._y_1d:
             raise ValueError(f"y has {y.ndim} dimension(s) but the estimator was fitted with the other shape.")
-        y = np.ascontiguousarray(y.astype(np.float32).reshape(len(y), -1))
+        with np.errstate(over="ignore"):
+            y32 = y.astype(np.float32)
+        if not np.isfinite(y32).all():
+            raise ValueError(
+                f"y has values beyond float32's range (largest magnitude {float(np.max(np.abs(y))):.3g}); "
+                "training is in float32. Scale y (e.g. sklearn's TransformedTargetRegressor with a StandardScaler)."
+            )
+        y = np.ascontiguousarray(y32.reshape(len(y), -1))
         return y, {"_y_1d": y_1d}
 
     @staticmethod

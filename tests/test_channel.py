@@ -1,7 +1,11 @@
 """The per-update data plane (adadamp.channel): wire protocol, and the same training on every path."""
 
 import os
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
 
 import dask
@@ -14,7 +18,15 @@ from torch import nn
 
 from adadamp import DaskClassifier, _worker, engine
 from adadamp.callbacks import Callback
-from adadamp.channel import Channel, ChannelServer, WorkerError, tcp_host
+from adadamp.channel import (
+    MAX_ERROR_BYTES,
+    REQUEST,
+    Channel,
+    ChannelAuthError,
+    ChannelServer,
+    WorkerError,
+    tcp_host,
+)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +58,7 @@ def test_round_trip_with_and_without_weights():
                 "chunk_sq_norm_sum": 0.25, "n_chunks": n_chunks, "compute_time": 0.01}
 
     server = _server(compute)
-    channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=10)
+    channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=10, n_buffers=3)
     try:
         w = np.arange(5, dtype=np.float32)
         channel.send(np.array([4, 2, 9]), n_chunks=2, seed=123, weights=w)
@@ -90,16 +102,105 @@ def test_worker_errors_are_raised_on_the_client_and_the_channel_goes_on():
         server.close()
 
 
-def test_a_wrong_token_is_refused():
+def test_a_wrong_key_is_refused_and_the_real_client_still_gets_in():
+    """A local process that connects first, without the key, neither computes anything nor
+    blocks the client: the listener stays open until a peer authenticates."""
     server = _server(lambda *a: pytest.fail("computed for a stranger"))
-    channel = Channel("127.0.0.1", server.port, b"x" * len(server.token), n_weights=5, timeout=5)
-    try:
-        channel.send(np.array([1]), 1, 0, None)
-        with pytest.raises((EOFError, OSError)):
-            channel.receive(time.monotonic() + 5)
-    finally:
-        channel.close()
-        server.close()
+    with pytest.raises(ChannelAuthError):  # the worker's proof does not verify under a wrong key
+        Channel("127.0.0.1", server.port, b"x" * len(server.token), n_weights=5, timeout=5)
+    squatter = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    squatter.recv(16)
+    squatter.sendall(b"\0" * 48)  # a nonce and a made-up MAC
+    assert squatter.recv(1) == b""  # hung up on
+    channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=5)  # the real client
+    channel.close()
+    server.close()
+
+
+def test_the_client_refuses_a_stand_in_for_the_worker():
+    """Someone listening where the client expects the worker cannot answer the key's challenge."""
+    impostor = socket.socket()
+    impostor.bind(("127.0.0.1", 0))
+    impostor.listen(1)
+
+    def serve():
+        conn, _ = impostor.accept()
+        conn.sendall(b"\1" * 16)
+        conn.recv(48)
+        conn.sendall(b"\2" * 32)  # cannot compute the worker's MAC without the key
+        time.sleep(1)
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with pytest.raises(ChannelAuthError, match="did not prove"):
+        Channel("127.0.0.1", impostor.getsockname()[1], b"k" * 32, n_weights=5, timeout=5)
+    thread.join()
+    impostor.close()
+
+
+def test_sizes_are_checked_before_anything_is_allocated():
+    closed = threading.Event()
+    server = ChannelServer("127.0.0.1", lambda *a: pytest.fail("computed a malformed request"), n_weights=5,
+                           on_start=lambda: None, max_indices=100, on_close=closed.set)
+    channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=5)
+    channel.sock.sendall(REQUEST.pack(10**12, 1, 0, 0))  # a trillion indices
+    with pytest.raises((EOFError, OSError)):
+        channel.receive(time.monotonic() + 5)
+    assert closed.wait(5)  # the worker dropped the channel (and with it, in a fit, the fit's state)
+    channel.close()
+
+    def huge_error(*a):
+        raise ValueError("x" * 10**6)
+
+    server = _server(huge_error)
+    channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=5)
+    channel.send(np.array([1]), 1, 0, None)
+    with pytest.raises(WorkerError) as err:
+        channel.receive(time.monotonic() + 5)
+    assert str(err.value).startswith("ValueError: xxx") and len(str(err.value)) <= MAX_ERROR_BYTES
+    channel.close()
+    server.close()
+
+
+KILLED_CLIENT = """
+import os, signal, sys
+import numpy as np
+from distributed import Client
+from adadamp import DaskClassifier
+from adadamp.callbacks import Callback
+
+class Die(Callback):
+    def on_update_end(self, estimator, record=None, **info):
+        print("training", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+if __name__ == "__main__":
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(300, 8)).astype(np.float32), rng.integers(0, 3, 300)
+    with Client(sys.argv[1]) as client:
+        DaskClassifier(max_epochs=5, callbacks=[("die", Die())], client=client).fit(X, y)
+"""
+
+
+def test_a_killed_clients_fit_is_dropped_by_the_workers_and_its_files_swept(client, tmp_path):
+    """A client SIGKILLed mid-fit releases nothing: the workers drop its model and data as soon as
+    its channels close, and the next fit of this user removes its shared-memory directory."""
+    script = tmp_path / "client.py"
+    script.write_text(KILLED_CLIENT)
+    env = {**os.environ, "DASK_ADADAMP__SHM_DIR": str(tmp_path)}
+    killed = subprocess.run([sys.executable, str(script), client.scheduler.address], env=env,
+                            check=False, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL and "training" in killed.stdout, killed.stderr[-2000:]
+    deadline = time.monotonic() + 10
+    while any(client.run(lambda: len(_worker._FITS)).values()):
+        assert time.monotonic() < deadline, "the workers kept the killed client's fit"
+        time.sleep(0.1)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("adadamp-")]  # left behind ...
+    X, y = np.random.default_rng(1).normal(size=(64, 8)).astype(np.float32), np.arange(64) % 2
+    with dask.config.set({"adadamp.shm-dir": str(tmp_path)}):
+        DaskClassifier(max_epochs=1).fit(X, y)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("adadamp-")]  # ... and swept
 
 
 def test_a_silent_worker_times_out():
@@ -122,7 +223,6 @@ def test_nobody_else_can_connect_after_the_client():
     server = _server(lambda *a: None)
     channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=5)
     try:
-        time.sleep(0.2)
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", server.port), timeout=2)
     finally:

@@ -12,6 +12,7 @@ from distributed import Client, LocalCluster
 from sklearn.datasets import make_classification
 
 from adadamp import DaskClassifier, engine
+from adadamp.callbacks import Callback
 from adadamp.dampers import Constant, GeoDamp
 
 
@@ -51,19 +52,16 @@ class Stopped(Exception):
     pass
 
 
-class StopAt(Constant):
-    """Constant batch that interrupts the fit at one update (test only)."""
+class StopAt(Callback):
+    """Interrupts the fit after one model update, as a crash or preemption would (test only)."""
 
-    def __init__(self, batch_size=32, momentum=None, stop=None):
-        self.batch_size = batch_size
-        self.momentum = momentum
+    def __init__(self, stop=None):
         self.stop = stop
 
-    def next_batch_size(self, state):
-        if state.n_updates == self.stop and not _CLUSTERS.get("stopped"):
-            _CLUSTERS["stopped"] = True  # once: the resumed run carries this damper on
+    def on_update_end(self, estimator, record=None, **info):
+        self.updates_ = getattr(self, "updates_", 0) + 1
+        if self.updates_ == self.stop:
             raise Stopped("the client stops (preempted, crashed, interrupted)")
-        return super().next_batch_size(state)
 
 
 def _weights(est):
@@ -143,7 +141,8 @@ def test_checkpoint_resume_matches_uninterrupted_fit(data, client, tmp_path):
     params = {"max_epochs": 3, "random_state": 5, "optimizer": torch.optim.SGD, "optimizer__momentum": 0.9}
     whole = DaskClassifier(batch_size=32, **params).fit(X, y)
     path = tmp_path / "ckpt.pt"
-    stopped = DaskClassifier(batch_size=StopAt(batch_size=32, stop=21), checkpoint=path, checkpoint_every=4, **params)
+    stopped = DaskClassifier(batch_size=32, callbacks=[("stop", StopAt(stop=21))], checkpoint=path, checkpoint_every=4,
+                             **params)
     with pytest.raises(Stopped):
         stopped.fit(X, y)
     assert path.exists() and not hasattr(stopped, "module_")

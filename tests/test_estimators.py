@@ -14,6 +14,7 @@ from sklearn.model_selection import GridSearchCV, train_test_split
 from torch import nn, optim
 
 from adadamp import ConvergenceError, DaskClassifier, DaskRegressor
+from adadamp.callbacks import Callback
 from adadamp.dampers import Constant
 
 
@@ -138,6 +139,14 @@ def test_images_are_not_flattened_by_validation(client):
     assert est.predict(X).shape == (64,)
 
 
+class LookAtOptimizer(Callback):
+    """Records the momentum buffers the optimizer holds when training begins."""
+
+    def on_train_begin(self, estimator, **info):
+        optimizer = estimator._training_state["optimizer_"]
+        self.buffers_ = [s["momentum_buffer"].clone() for s in optimizer.state.values()]
+
+
 def test_partial_fit_is_one_epoch_and_keeps_optimizer_state(client, clf_data):
     X, y = clf_data
     est = DaskClassifier(optimizer=optim.SGD, optimizer__lr=0.05, optimizer__momentum=0.9, batch_size=50)
@@ -146,8 +155,11 @@ def test_partial_fit_is_one_epoch_and_keeps_optimizer_state(client, clf_data):
     optimizer = est.optimizer_
     buffers = [s["momentum_buffer"].clone() for s in optimizer.state.values()]
     assert buffers and all(b.abs().sum() > 0 for b in buffers)
+    est.set_params(callbacks=[("look", LookAtOptimizer())])
     est.partial_fit(X, y)
-    assert est.optimizer_ is optimizer
+    carried = dict(est.callbacks_)["look"].buffers_  # what the second call started from
+    assert len(carried) == len(buffers) and all(torch.equal(a, b) for a, b in zip(carried, buffers))
+    assert est.optimizer_.param_groups[0]["params"][0] is next(est.module_.parameters())  # steps the model kept
     assert len(est.history_) == 2 and est.history_[1]["n_updates"] == 2 + 4
     assert list(est.classes_) == [0, 1, 2]
     with pytest.raises(ValueError, match="not in classes"):
@@ -354,7 +366,6 @@ def test_batchnorm_running_statistics_come_back_from_the_workers(client):
 
 def test_client_steps_single_threaded_beside_local_workers_and_restores_threads(client, clf_data):
     """Workers on the client's machine own the cores; the caller's torch threads come back afterwards."""
-    from adadamp.callbacks import Callback
 
     class RecordThreads(Callback):
         def on_epoch_end(self, estimator, row=None, **info):

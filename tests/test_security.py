@@ -248,3 +248,19 @@ def test_the_schedules_fitted_state_survives_a_checkpoint(data, tmp_path, client
     np.testing.assert_array_equal(_weights(resumed), _weights(whole))
     fitted = {k: v for k, v in vars(whole.damper_).items() if k.endswith("_") and not hasattr(v, "next_batch_size")}
     assert fitted and all(np.all(getattr(resumed.damper_, k) == v) for k, v in fitted.items()), fitted
+
+
+def test_a_checkpoint_of_another_fit_is_not_taken_for_this_one(data, tmp_path, client):
+    """GridSearchCV clones sharing one checkpoint path: the second used to return the first one's
+    model without training."""
+    X, y = data
+    path = tmp_path / "fit.ckpt"
+    DaskRegressor(max_epochs=1, batch_size=16, random_state=0, checkpoint=path).fit(X, y)
+    with pytest.raises(ValueError, match="other parameters"):
+        DaskRegressor(max_epochs=1, batch_size=32, random_state=0, checkpoint=path).fit(X, y)
+    flipped = X.copy()
+    flipped[::2] *= -1  # same shape, other examples
+    with pytest.raises(ValueError, match="other training data"):
+        DaskRegressor(max_epochs=1, batch_size=16, random_state=0, checkpoint=path).fit(flipped, y)
+    more = DaskRegressor(max_epochs=2, batch_size=16, random_state=0, checkpoint=path).fit(X, y)
+    assert len(more.history_) == 2  # the same fit with more epochs resumes

@@ -1,0 +1,211 @@
+"""Nothing is lost and nothing leaks on any failure path: bad parameters are refused before any
+cluster work, a failed fit leaves the previous fitted state as it was, set-up failures release
+everything, and a worker that fails or hangs is left out instead of stalling the fit."""
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import dask
+import numpy as np
+import pytest
+import torch
+from distributed import Client, LocalCluster
+from sklearn.datasets import make_regression
+from torch import nn
+
+from adadamp import DaskRegressor, _worker
+from adadamp.callbacks import Callback
+from adadamp.exceptions import NoWorkersError
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, y = make_regression(n_samples=256, n_features=8, noise=1.0, random_state=0)
+    return X.astype(np.float32), (y / y.std()).astype(np.float32)
+
+
+def _weights(est) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in est.module_.parameters()]).numpy()
+
+
+class Raise(Callback):
+    """Raises ``error`` after ``after`` model updates (a bug in user code, Ctrl-C, ...)."""
+
+    def __init__(self, after=3, error=RuntimeError):
+        self.after = after
+        self.error = error
+
+    def on_update_end(self, estimator, record=None, **info):
+        self.updates_ = getattr(self, "updates_", 0) + 1
+        if self.updates_ == self.after:
+            raise self.error("stopped by the test")
+
+
+def _on_a_worker() -> bool:
+    return "Dask Worker" in multiprocessing.current_process().name
+
+
+class FailsOnWorkers(nn.Module):
+    """Builds on the client; unpickling it on a worker raises ``error``."""
+
+    def __init__(self, n_features=8, error=RuntimeError):
+        super().__init__()
+        self.error = error
+        self.linear = nn.Linear(n_features, 1)
+
+    def forward(self, x):
+        return self.linear(x)
+
+    def __setstate__(self, state):
+        if _on_a_worker():
+            raise state["error"]("this module cannot be built here")
+        super().__setstate__(state)
+
+
+# ------------------------------------------------------------------------------- parameters
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"device": "cdua"}, "device='cdua' is not a torch device"),
+        ({"update_timeout": 0}, "update_timeout must be a finite number of seconds > 0"),
+        ({"worker_timeout": -1}, "worker_timeout must be"),
+        ({"scale_wait": float("nan")}, "scale_wait must be"),
+        ({"checkpoint_every": 0, "checkpoint": "x.ckpt"}, "checkpoint_every must be None or an integer >= 1"),
+        ({"checkpoint_every": 5}, "needs a checkpoint file"),
+        ({"module__n_features": 3}, "cannot take X's examples of shape \\(8,\\).*module__n_features"),
+    ],
+)
+def test_bad_parameters_are_refused_before_any_cluster_work(data, params, match, new_processes):
+    X, y = data
+    with pytest.raises(ValueError, match=match):
+        DaskRegressor(max_epochs=1, **params).fit(X, y)
+    assert new_processes() == []  # no embedded cluster was started
+
+
+def test_targets_beyond_float32_are_refused_up_front(data, new_processes):
+    X, y = data
+    with pytest.raises(ValueError, match="beyond float32's range"):
+        DaskRegressor(max_epochs=1).fit(X, y.astype(np.float64) * 1e300)
+    assert new_processes() == []
+
+
+# ------------------------------------------------------------------------- fitted state kept
+def test_a_failed_warm_fit_leaves_the_fitted_state_as_it_was(client, data):
+    X, y = data
+    est = DaskRegressor(max_epochs=2, random_state=0, warm_start=True).fit(X, y)
+    weights, history, n_updates = _weights(est), list(est.history_), est.loop_.n_updates
+    opt_state = {k: v.clone() for k, v in est.optimizer_.state_dict()["state"][0].items()}
+    est.set_params(callbacks=[("boom", Raise(after=3))])
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        est.fit(X, y)
+    np.testing.assert_array_equal(_weights(est), weights)
+    assert est.history_ == history and est.loop_.n_updates == n_updates
+    assert all(torch.equal(est.optimizer_.state_dict()["state"][0][k], v) for k, v in opt_state.items())
+    est.set_params(callbacks=None)
+    assert len(est.fit(X, y).history_) == 4  # and it trains on from there
+
+
+def test_a_failed_fresh_fit_on_other_data_leaves_the_old_model_usable(client, data):
+    X, y = data
+    est = DaskRegressor(max_epochs=1, random_state=0).fit(X, y)
+    before = est.predict(X)
+    X5 = X[:, :5].copy()
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        est.set_params(callbacks=[("boom", Raise(after=2))]).fit(X5, y)
+    assert est.n_features_in_ == 8
+    np.testing.assert_array_equal(est.predict(X), before)
+
+
+def test_warm_start_takes_the_new_optimizer_parameters(client, data):
+    """After a ConvergenceError the docs say: lower optimizer__lr and continue with warm_start."""
+    X, y = data
+    est = DaskRegressor(max_epochs=1, random_state=0, optimizer=torch.optim.SGD, optimizer__lr=1e-3,
+                        optimizer__momentum=0.5, warm_start=True).fit(X, y)
+    est.set_params(optimizer__lr=0.02, optimizer__momentum=0.8).fit(X, y)
+    group = est.optimizer_.param_groups[0]
+    assert (group["lr"], group["momentum"]) == (0.02, 0.8)
+    assert est.history_[-1]["lr"] == 0.02 and est.history_[0]["lr"] == 1e-3
+    other = DaskRegressor(max_epochs=1, optimizer=torch.optim.SGD, optimizer__lr=1e-3, warm_start=True).fit(X, y)
+    assert isinstance(other.set_params(optimizer=torch.optim.Adam).fit(X, y).optimizer_, torch.optim.Adam)
+
+
+# ----------------------------------------------------------------------- set-up failures
+def _leftovers(client, root) -> dict:
+    threads = client.run(lambda: sorted(t.name for t in threading.enumerate() if t.name == "adadamp-channel"))
+    return {
+        "fits": {w: n for w, n in client.run(lambda: len(_worker._FITS)).items() if n},
+        "channel_threads": {w: t for w, t in threads.items() if t},
+        "shm": sorted(p.name for p in root.iterdir()),
+    }
+
+
+@pytest.mark.parametrize("error", [RuntimeError, OSError])
+def test_a_module_that_cannot_be_built_on_the_workers_leaks_nothing(client, data, tmp_path, error):
+    """RuntimeError: the worker's error is raised at once.  OSError (looks like a lost worker): each
+    worker is tried SETUP_TRIES times, then a clear NoWorkersError (it used to recurse forever)."""
+    X, y = data
+    good = DaskRegressor(max_epochs=1, random_state=0).fit(X, y)
+    before, threads = _weights(good), torch.get_num_threads()
+    good.set_params(module=FailsOnWorkers, module__error=error)
+    expected = (RuntimeError, "cannot be built here") if error is RuntimeError else (NoWorkersError, "3 set-ups")
+    with dask.config.set({"adadamp.shm-dir": str(tmp_path)}), pytest.raises(expected[0], match=expected[1]):
+        good.fit(X, y)
+    time.sleep(0.5)  # channel threads wind down
+    assert _leftovers(client, tmp_path) == {"fits": {}, "channel_threads": {}, "shm": []}
+    assert torch.get_num_threads() == threads
+    np.testing.assert_array_equal(_weights(good), before)  # the previous model, on its own storage
+    assert all(p.untyped_storage().nbytes() == 4 * p.numel() for p in good.module_.parameters())
+
+
+def test_no_workers_at_all_is_a_clear_error_and_leaks_nothing(data, tmp_path):
+    X, y = data
+    with (
+        LocalCluster(n_workers=0, dashboard_address=None, silence_logs=logging.ERROR) as cluster,
+        Client(cluster, set_as_default=False) as client,
+        dask.config.set({"adadamp.shm-dir": str(tmp_path)}),
+        pytest.raises(NoWorkersError, match="worker_timeout=1"),
+    ):
+        DaskRegressor(max_epochs=1, worker_timeout=1, client=client).fit(X, y)
+    assert list(tmp_path.iterdir()) == []
+
+
+class Freeze(Callback):
+    """SIGSTOPs one worker process after ``after`` model updates (a hung node)."""
+
+    def __init__(self, pid=None, after=3):
+        self.pid = pid
+        self.after = after
+
+    def on_update_end(self, estimator, record=None, **info):
+        self.updates_ = getattr(self, "updates_", 0) + 1
+        if self.updates_ == self.after:
+            os.kill(self.pid, signal.SIGSTOP)
+
+
+def test_a_hung_worker_costs_one_update_timeout_then_is_left_out(data):
+    X, y = data
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None, silence_logs=logging.ERROR) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        pids = client.run(os.getpid)
+        frozen = pids[sorted(pids)[1]]
+        est = DaskRegressor(max_epochs=3, batch_size=32, update_timeout=2, random_state=0, client=client,
+                            callbacks=[("freeze", Freeze(pid=frozen))])
+        start = time.monotonic()
+        try:
+            est.fit(X, y)
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+        took = time.monotonic() - start
+        workers = [u["n_workers"] for row in est.history_ for u in row["updates"]]
+        assert workers[:3] == [2, 2, 2] and set(workers[4:]) == {1}, workers
+        assert took < 2 + 15, took  # one update_timeout, not one per membership look (it was 60 s each)
+        deadline = time.monotonic() + 10  # awake again, the worker sees its channel closed and drops the fit
+        while any(client.run(lambda: len(_worker._FITS)).values()):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
