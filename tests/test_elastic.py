@@ -11,7 +11,7 @@ import torch
 from distributed import Client, LocalCluster
 from sklearn.datasets import make_classification
 
-from adadamp import DaskClassifier, engine
+from adadamp import DaskClassifier, DaskRegressor, engine
 from adadamp.callbacks import Callback
 from adadamp.dampers import Constant, GeoDamp
 
@@ -113,6 +113,30 @@ def test_sigkilled_workers_do_not_change_the_result(data):
     workers = _workers_per_update(hurt)
     assert min(workers) < 3  # the loss was seen ...
     assert workers[-1] == 3  # ... and the restarted workers were used again
+
+
+@pytest.mark.parametrize("moment", ["setup", "after-update", "epoch-end", "replacement-joins", "random"])
+def test_a_worker_killed_at_any_moment_does_not_change_the_result(moment, kill_cluster):
+    """The short version of tests/stress/kill_workers.py: whatever the moment of death, the
+    undisturbed weights up to float summation order."""
+    from stress import kill_workers as kw
+
+    client, X, y, calm, duration = kill_cluster
+    w, workers = kw.trial(client, X, y, 4, moment, seed=kw.MOMENTS.index(moment), duration=duration, strict=False)
+    assert float(np.abs(w - calm).max()) <= kw.TOLERANCE
+    if moment not in ("setup", "random"):  # timed kills may land before the fit looks, or after its end
+        assert min(workers) < max(workers)  # the loss was seen
+
+
+@pytest.fixture(scope="module")
+def kill_cluster():
+    from stress import kill_workers as kw
+
+    X, y = kw.data(1024)
+    with _cluster(3) as cluster, Client(cluster) as client:
+        start = time.perf_counter()
+        calm = kw.weights(DaskRegressor(client=client, **kw.params(4)).fit(X, y))
+        yield client, X, y, calm, time.perf_counter() - start
 
 
 class AddAt(Constant):
