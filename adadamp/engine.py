@@ -127,6 +127,7 @@ class Engine:
         self._known: set[str] | None = None  # live workers at the last full refresh
         self._latest: dict | BaseException | None = None  # the membership watcher's latest report
         self._set_up: set[str] = set()  # workers that may hold this fit's state (released at the end)
+        self._pending: tuple[list[str], object] | None = None  # joiners being set up in the background
         self._strikes: dict[str, int] = {}  # failed set-ups per worker; SETUP_TRIES: left out (quarantined)
         self._errors: dict[str, BaseException] = {}  # each worker's last failure, for the error message
         self._requested: int | None = None
@@ -185,6 +186,13 @@ class Engine:
 
     def _release_workers(self) -> None:
         """Close the channels and drop the fit's state on every worker that has it."""
+        if self._pending is not None:  # let background set-ups finish, so that what they built is released
+            started, future = self._pending
+            self._pending = None
+            with contextlib.suppress(Exception):
+                for w, r in zip(started, future.result(timeout=self.policy.update_timeout)):
+                    if isinstance(r, dict) and r.get("channel"):
+                        self._connect(w, r["channel"])
         for w in list(self.channels):
             self._forget(w)
         reachable = [w for w in self._set_up if not self._quarantined(w)]  # a hung one drops it when it wakes
@@ -225,7 +233,8 @@ class Engine:
     def _refresh_membership(self, force: bool = False, lost: tuple[str, ...] = ()) -> None:
         """Drop lost workers, set up new ones, and rebalance the data blocks."""
         now = time.monotonic()
-        if not force and not lost:
+        set_up = self._pending is not None and self._pending[1].done()  # joiners ready: take them now
+        if not force and not lost and not set_up:
             if now - self._last_refresh < MEMBERSHIP_INTERVAL:
                 return
             latest = self._latest
@@ -244,33 +253,34 @@ class Engine:
         survivors = [w for w in self.workers if w in live and w not in lost]
         for w in set(self.workers) - set(survivors):
             self._forget(w)
-        joined = sorted(w for w in live if w not in self.workers and w not in lost and not self._quarantined(w))
+        pending = self._pending[0] if self._pending else []
+        joined = sorted(
+            w for w in live if w not in self.workers and w not in lost and w not in pending and not self._quarantined(w)
+        )
+        # While training runs on other workers, joiners are set up in the background and take part
+        # from the first look after their set-up is done (a slow set-up never stalls an update).
+        background = not force and not lost and bool(survivors)
+        ready, failed = [], []
+        if self._pending and (self._pending[1].done() or not background):
+            started, future = self._pending
+            self._pending = None
+            ready, failed = self._finish_setup(started, future.result())
         if joined:
-            calls = []
-            for w in joined:
-                kwargs = {"fit_id": self.fit_id, "payload": self._payload, "n_total": len(self.X)}
-                kwargs["channel"] = USE_CHANNELS and tcp_host(w) is not None
-                if self._shared is not None:
-                    kwargs["shared"] = self._shared.offer(w)
-                calls.append((w, "adadamp_setup", kwargs))
-            self._set_up.update(joined)
-            replies = self._call_all(calls, timeout=self.policy.update_timeout)
-            for w, r in zip(joined, replies):
-                if self._shared is not None and (isinstance(r, BaseException) or not r.get("shared")):
-                    self._shared.drop(w)  # another host: weights and gradients go over TCP
-                if isinstance(r, BaseException):
-                    if not isinstance(r, _LOST):
-                        raise r
-                    self._strike(w, r)
-                    logger.warning("worker %s could not be set up (%r); ignoring it for now", w, r)
-                elif r.get("channel"):
-                    self._connect(w, r["channel"])
-            failed = [w for w, r in zip(joined, replies) if isinstance(r, BaseException)]
-            joined = [w for w in joined if w not in failed]
-        else:
-            failed = []
+            calls = self._setup_calls(joined)
+            if background:
+                future = asyncio.run_coroutine_threadsafe(
+                    self._gather_calls(calls, self.policy.update_timeout), self.client.loop.asyncio_loop
+                )
+                self._pending = (joined, future)
+                joined = []
+            else:
+                ok, bad = self._finish_setup(joined, self._call_all(calls, timeout=self.policy.update_timeout))
+                joined, failed = ok, failed + bad
+        for w in [w for w in ready if w not in live or w in lost]:  # set up, but gone meanwhile
+            self._forget(w)
+        joined = sorted({*joined, *(w for w in ready if w in live and w not in lost)})
         # Look again at the next interval if anyone was left out; else only when the membership changes.
-        self._known = None if lost or failed else set(live)
+        self._known = None if lost or failed or self._pending else set(live)
         names = {str(info.get("name")) for a, info in live.items() if a not in lost}
         self._gone_names = (self._gone_names | self._live_names) - names
         self._live_names = names
@@ -289,6 +299,33 @@ class Engine:
             self._refresh_membership(force=True)
         elif new_workers != self.workers:
             self._rebalance(new_workers)
+
+    def _setup_calls(self, workers: list[str]) -> list[tuple[str, str, dict]]:
+        """The set-up RPC of each worker (its shared-memory offer made now)."""
+        calls = []
+        for w in workers:
+            kwargs = {"fit_id": self.fit_id, "payload": self._payload, "n_total": len(self.X)}
+            kwargs["channel"] = USE_CHANNELS and tcp_host(w) is not None
+            if self._shared is not None:
+                kwargs["shared"] = self._shared.offer(w)
+            calls.append((w, "adadamp_setup", kwargs))
+        self._set_up.update(workers)
+        return calls
+
+    def _finish_setup(self, workers: list[str], replies: list) -> tuple[list[str], list[str]]:
+        """Connect the workers whose set-up succeeded; returns (ready, failed)."""
+        for w, r in zip(workers, replies):
+            if self._shared is not None and (isinstance(r, BaseException) or not r.get("shared")):
+                self._shared.drop(w)  # another host: weights and gradients go over TCP
+            if isinstance(r, BaseException):
+                if not isinstance(r, _LOST):
+                    raise r
+                self._strike(w, r)
+                logger.warning("worker %s could not be set up (%r); ignoring it for now", w, r)
+            elif r.get("channel"):
+                self._connect(w, r["channel"])
+        failed = [w for w, r in zip(workers, replies) if isinstance(r, BaseException)]
+        return [w for w in workers if w not in failed], failed
 
     def _strike(self, worker: str, error: BaseException, *, out: bool = False) -> None:
         """Count a failed set-up (``out``: a hang; leave the worker out of this fit at once)."""

@@ -1,6 +1,7 @@
 """Elastic training on real worker processes: growth, shrinking, SIGKILL, resume."""
 
 import logging
+import multiprocessing
 import os
 import signal
 import time
@@ -45,6 +46,9 @@ class KillAt(Constant):
             os.kill(action, signal.SIGKILL)
         elif action == "wait":  # for the nannies to restart what was killed
             _CLUSTERS["client"].wait_for_workers(3)
+            time.sleep(2 * engine.MEMBERSHIP_INTERVAL)  # the engine notices them at its next look ...
+        elif action == "settle":
+            time.sleep(1.0)  # ... and sets them up while the others train
         return super().next_batch_size(state)
 
 
@@ -106,7 +110,7 @@ def test_sigkilled_workers_do_not_change_the_result(data):
         calm = DaskClassifier(batch_size=32, client=client, **params).fit(X, y)
         pids = list(client.run(os.getpid).values())
         _CLUSTERS.update(client=client)
-        damper = KillAt(batch_size=32, kill={5: pids[0], 20: pids[1], 30: "wait"})
+        damper = KillAt(batch_size=32, kill={5: pids[0], 20: pids[1], 30: "wait", 32: "settle"})
         hurt = DaskClassifier(batch_size=damper, client=client, **params).fit(X, y)
     np.testing.assert_allclose(_weights(hurt), _weights(calm), rtol=1e-4, atol=1e-5)
     assert hurt.history_[-1]["n_samples_seen"] == calm.history_[-1]["n_samples_seen"]
@@ -146,7 +150,9 @@ class AddAt(Constant):
         if state.n_updates == 3:
             _CLUSTERS["current"].scale(2)
             _CLUSTERS["client"].wait_for_workers(2)  # the engine must notice it by itself,
-            time.sleep(2 * engine.MEMBERSHIP_INTERVAL)  # within its membership interval
+            time.sleep(2 * engine.MEMBERSHIP_INTERVAL)  # within its membership interval,
+        if state.n_updates == 5:
+            time.sleep(1.0)  # and set it up off the training path
         return super().next_batch_size(state)
 
 
@@ -158,6 +164,48 @@ def test_worker_added_mid_fit_is_used(data):
         est.fit(X, y)
     workers = _workers_per_update(est)
     assert workers[0] == 1 and workers[-1] == 2
+
+
+class SlowToBuild(torch.nn.Module):
+    """Takes ``build`` seconds to unpickle on a worker (a big model) and ``step`` s per forward."""
+
+    def __init__(self, n_features=8, n_outputs=3, build=1.5, step=0.02):
+        super().__init__()
+        self.build, self.step = build, step
+        self.linear = torch.nn.Linear(n_features, n_outputs)
+
+    def forward(self, x):
+        time.sleep(self.step)
+        return self.linear(x)
+
+    def __setstate__(self, state):
+        if "Dask Worker" in multiprocessing.current_process().name:
+            time.sleep(state["build"])
+        super().__setstate__(state)
+
+
+class ScaleAt(Callback):
+    """Asks the test cluster for a second worker after update 3, without waiting for it."""
+
+    def on_update_end(self, estimator, record=None, **info):
+        self.updates_ = getattr(self, "updates_", 0) + 1
+        if self.updates_ == 3:
+            _CLUSTERS["current"].scale(2)
+
+
+def test_a_joining_worker_is_set_up_off_the_training_path(data):
+    """Its 1.5 s set-up runs while the others train: no update waits for it."""
+    X, y = data
+    with _cluster(1) as cluster, Client(cluster) as client:
+        _CLUSTERS.update(current=cluster, client=client)
+        est = DaskClassifier(module=SlowToBuild, batch_size=32, max_epochs=12, client=client, random_state=0,
+                             callbacks=[("scale", ScaleAt())]).fit(X, y)
+    updates = [u for row in est.history_ for u in row["updates"]]
+    workers = [u["n_workers"] for u in updates]
+    joined = workers.index(2)
+    assert set(workers[joined:]) == {2}
+    slowest = max(u["update_time"] for u in updates[3:])
+    assert slowest < 1.0, slowest  # the set-up took 1.5 s, on the side
 
 
 def test_checkpoint_resume_matches_uninterrupted_fit(data, client, tmp_path):

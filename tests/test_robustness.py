@@ -209,3 +209,27 @@ def test_a_hung_worker_costs_one_update_timeout_then_is_left_out(data):
         while any(client.run(lambda: len(_worker._FITS)).values()):
             assert time.monotonic() < deadline
             time.sleep(0.1)
+
+
+def test_ctrl_c_while_waiting_for_workers_leaks_nothing(data, tmp_path):
+    import _thread
+
+    X, y = data
+    with (
+        LocalCluster(n_workers=0, dashboard_address=None, silence_logs=logging.ERROR) as cluster,
+        Client(cluster, set_as_default=False) as client,
+        dask.config.set({"adadamp.shm-dir": str(tmp_path)}),
+    ):
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own Ctrl-C
+        timer = threading.Timer(1.0, _thread.interrupt_main)  # Ctrl-C, one second into the wait
+        timer.start()
+        est = DaskRegressor(max_epochs=1, worker_timeout=30, client=client)
+        start = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                est.fit(X, y)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        assert time.monotonic() - start < 10
+    assert list(tmp_path.iterdir()) == []
+    assert not hasattr(est, "module_")
