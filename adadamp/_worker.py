@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
-import itertools
 import os
 import threading
 import time
@@ -313,42 +312,53 @@ def _gradient(state: _FitState, weights, indices: np.ndarray, n_chunks: int, see
         X = state.X_dev.index_select(0, rows_t)
         y = state.y_dev.index_select(0, rows_t)
         n = len(rows)
-        chunks = [slice(0, n)]
-        if n_chunks > 1 and n > 1:
-            bounds = np.linspace(0, n, min(n_chunks, n) + 1).astype(int)
-            chunks = [slice(a, b) for a, b in itertools.pairwise(bounds)]
-        total = torch.zeros_like(state.grads) if len(chunks) > 1 else state.grads
-        loss_sum = 0.0
-        sq_sum = 0.0
         # Criteria averaging over the batch are turned back into sums.
         mean = getattr(state.criterion, "reduction", "mean") == "mean"
+        state.grads.zero_()
         with seeded(seed, state.device):
-            for part in chunks:
-                n_part = part.stop - part.start
-                state.grads.zero_()
-                out = state.module(X[part])
-                loss = state.criterion(out, y[part]) * (n_part if mean else 1)
-                loss.backward()
-                loss_sum += float(loss.detach())
-                if len(chunks) > 1:
-                    sq_sum += float(state.grads.double().square().sum()) / n_part
-                    total += state.grads
+            out = state.module(X)  # one forward: BatchNorm sees the share once, as without statistics
+            loss = state.criterion(out, y) * (n if mean else 1)
+            first = _first_half_gradient(state, out, y, n, mean) if n_chunks > 1 and n > 1 else None
+            loss.backward()  # the trained gradient: the same with or without statistics
+        sq_sum, n_stat_chunks = 0.0, 0
+        if n_chunks > 1:  # AdaScale's statistics (algorithms.md §2.3): every share is a chunk
+            whole = state.grads.double()
+            if first is None:  # a one-example share: one chunk
+                sq_sum, n_stat_chunks = float(whole.square().sum()) / n, 1
+            else:
+                m = n // 2
+                sq_sum = float(first.square().sum()) / m + float((whole - first).square().sum()) / (n - m)
+                n_stat_chunks = 2
+        loss_sum = float(loss.detach())
         if state.shared:
-            if total is not state.grads or state.device.type != "cpu":
-                target = state.grads if state.device.type == "cpu" else state.shared_gradient
-                target.copy_(total)
+            if state.device.type != "cpu":
+                state.shared_gradient.copy_(state.grads)
             grad = None  # the client reads it from shared memory
         else:
-            grad = total.detach().to("cpu").numpy()
+            grad = state.grads.detach().to("cpu").numpy()
         return {
             "buffers": torch.cat([b.reshape(-1) for b in state.buffers]).cpu().numpy() if state.buffers else None,
             "grad": grad,
             "n": n,
             "loss_sum": loss_sum,
             "chunk_sq_norm_sum": sq_sum,
-            "n_chunks": len(chunks) if len(chunks) > 1 else 0,
+            "n_chunks": n_stat_chunks,
             "compute_time": time.perf_counter() - start,
         }
+
+
+def _first_half_gradient(state: _FitState, out, y, n: int, mean: bool) -> torch.Tensor:
+    """The gradient sum of the share's first ``n // 2`` examples, from the share's one forward pass.
+
+    An extra backward of that half's loss (the graph is kept for the full
+    backward that follows); the second half's sum is then ``G - G_1``.
+    Nothing here changes what is trained, and BatchNorm sees the share once.
+    """
+    m = n // 2
+    params = [p for p in state.module.parameters() if p.requires_grad]
+    half = state.criterion(out[:m], y[:m]) * (m if mean else 1)
+    grads = torch.autograd.grad(half, params, retain_graph=True, allow_unused=True)
+    return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double() for g, p in zip(grads, params)])
 
 
 async def _adadamp_gradient(fit_id: str, weights, indices, n_chunks: int, seed: int) -> dict:

@@ -93,7 +93,9 @@ class AdaScale(BaseDamper):
     -----
     Workers must return per-chunk statistics (``needs_grad_stats``); with a
     single chunk no estimate is possible (one backward over many examples is
-    one sample, fairscale ``test_loss_accum_cpu``).  AdaScale is defined for
+    one sample, fairscale ``test_loss_accum_cpu``).  Each worker's share is
+    two chunks (one if it is a single example), computed from the share's
+    one forward pass, so the statistics never change the trained gradient.  AdaScale is defined for
     SGD with or without momentum, not for Adam.
 
     Examples

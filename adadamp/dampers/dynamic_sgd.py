@@ -107,6 +107,12 @@ class DynamicSGD(BaseDamper):
         self.compensation_iters = compensation_iters
         self.momentum = momentum
 
+    @property
+    def needs_grad_stats(self) -> bool:
+        """What the wrapped schedule needs: a wrapper forwards every capability of what it wraps."""
+        inner = getattr(self, "schedule_", None) or self.batch_size
+        return bool(getattr(inner, "needs_grad_stats", False))
+
     def reset(self, n_data: int) -> DynamicSGD:
         name = type(self).__name__
         _check_int(n_data, "n_data", low=1)

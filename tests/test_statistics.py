@@ -1,0 +1,94 @@
+"""The gradient statistics AdaScale and RadaDamp read never change what is trained, and every
+example counts in them (issue: single-example shares, chunking, wrappers)."""
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import make_regression
+from torch import nn
+
+from adadamp import DaskRegressor, _worker
+from adadamp.dampers import AdaScale, DynamicSGD, RadaDamp
+
+
+def _fit_state(module, criterion, n=16, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 6)).astype(np.float32)
+    y = rng.normal(size=(n, 1)).astype(np.float32)
+    flat, grads = _worker.flatten_parameters(module)
+    state = _worker._FitState(module, criterion, torch.device("cpu"), flat, grads, n,
+                              buffers=_worker.float_buffers(module))
+    state.update_blocks([(0, np.arange(n), X, y)], [])
+    return state
+
+
+def _gradient(state, indices, n_chunks):
+    r = _worker._gradient(state, state.flat.numpy().copy(), np.asarray(indices), n_chunks, seed=3)
+    return r, None if r["grad"] is None else r["grad"].copy()
+
+
+def _mlp(batch_norm=False):
+    torch.manual_seed(0)
+    layers = [nn.Linear(6, 8)] + ([nn.BatchNorm1d(8)] if batch_norm else []) + [nn.ReLU(), nn.Linear(8, 1)]
+    return nn.Sequential(*layers)
+
+
+def test_statistics_do_not_change_the_gradient():
+    state = _fit_state(_mlp(), nn.MSELoss())
+    plain, g_plain = _gradient(state, range(10), n_chunks=1)
+    stats, g_stats = _gradient(state, range(10), n_chunks=2)
+    np.testing.assert_array_equal(g_stats, g_plain)  # bitwise: one forward, one backward of the same loss
+    assert plain["loss_sum"] == stats["loss_sum"] and stats["n_chunks"] == 2
+    # the statistic itself: ||G_1||^2 / 5 + ||G_2||^2 / 5 from separate per-half gradients
+    halves = []
+    for part in (range(5), range(5, 10)):
+        _, g = _gradient(state, part, n_chunks=1)
+        halves.append(g.astype(np.float64))
+    expected = sum(float(g @ g) / 5 for g in halves)
+    assert stats["chunk_sq_norm_sum"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_batch_norm_sees_the_share_once():
+    module = _mlp(batch_norm=True)
+    state = _fit_state(module, nn.MSELoss())
+    before = [b.clone() for b in state.buffers]
+    _, g_plain = _gradient(state, range(12), n_chunks=1)
+    after_plain = [b.clone() for b in state.buffers]
+    for b, v in zip(state.buffers, before):
+        b.copy_(v)
+    _, g_stats = _gradient(state, range(12), n_chunks=2)
+    np.testing.assert_array_equal(g_stats, g_plain)  # it differed by 45% with a backward per half
+    for b, v in zip(state.buffers, after_plain):  # running statistics advanced once, as without statistics
+        assert torch.equal(b, v)
+
+
+def test_a_one_example_share_is_a_chunk():
+    state = _fit_state(_mlp(), nn.MSELoss())
+    r, g = _gradient(state, [4], n_chunks=2)
+    g64 = g.astype(np.float64)
+    assert r["n_chunks"] == 1 and r["chunk_sq_norm_sum"] == pytest.approx(float(g64 @ g64), rel=1e-6)
+
+
+def test_adascale_estimates_with_one_example_per_worker(client):
+    """Batch 2 on 2 workers: every share is one example; the gain used to stay at 1 silently."""
+    X, y = make_regression(n_samples=64, n_features=6, noise=5.0, random_state=0)
+    est = DaskRegressor(batch_size=AdaScale(batch_size=2, base_batch_size=1), optimizer=torch.optim.SGD,
+                        optimizer__lr=1e-3, max_epochs=1, random_state=0, grads_per_worker=1)
+    est.fit(X.astype(np.float32), (y / y.std()).astype(np.float32))
+    assert {u["n_workers"] for row in est.history_ for u in row["updates"]} == {2}
+    assert est.damper_.n_estimates_ > 0 and est.damper_.gain_ > 1.0
+
+
+def test_wrappers_forward_what_they_wrap_needs():
+    assert DynamicSGD(batch_size=RadaDamp(initial=4)).needs_grad_stats
+    assert not DynamicSGD(batch_size=32).needs_grad_stats
+    assert DynamicSGD(batch_size=RadaDamp(initial=4)).reset(100).needs_grad_stats
+
+
+def test_dynamic_sgd_around_radadamp_grows_the_batch(client):
+    X, y = make_regression(n_samples=256, n_features=6, noise=1.0, random_state=0)
+    schedule = DynamicSGD(batch_size=RadaDamp(initial=4, wait=1, fudge=0.0, rho=0.0))
+    est = DaskRegressor(batch_size=schedule, optimizer=torch.optim.SGD, optimizer__lr=1e-2, max_epochs=2,
+                        random_state=0).fit(X.astype(np.float32), (y / y.std()).astype(np.float32))
+    sizes = [u["batch_size"] for row in est.history_ for u in row["updates"]]
+    assert max(sizes) > 4, sizes[:20]  # it stayed at [4, 4, 4, ...]
