@@ -177,6 +177,8 @@ class Engine:
             # them (OpenMP threads spin after every parallel region), so step single-threaded.
             stack.callback(torch.set_num_threads, torch.get_num_threads())
             torch.set_num_threads(1)
+        if self.policy.scale and self.damper.follows_workers:
+            self.policy = dataclasses.replace(self.policy, scale=False)  # B follows W: never size W from B
         if self.policy.scale:
             batch = self.damper.forecast_batch_size(self.loop.epoch) or self.damper.next_batch_size(self._train_state())
             self._scale_to(self.policy.wanted(int(batch)))

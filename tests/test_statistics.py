@@ -92,3 +92,23 @@ def test_dynamic_sgd_around_radadamp_grows_the_batch(client):
                         random_state=0).fit(X.astype(np.float32), (y / y.std()).astype(np.float32))
     sizes = [u["batch_size"] for row in est.history_ for u in row["updates"]]
     assert max(sizes) > 4, sizes[:20]  # it stayed at [4, 4, 4, ...]
+
+
+def test_elastic_dynamic_sgd_follows_the_workers_instead_of_driving_them():
+    """B = per_worker_batch x W; sizing W from B / grads_per_worker ran away to max_workers."""
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    X, y = make_regression(n_samples=2048, n_features=6, noise=1.0, random_state=0)
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None, silence_logs=logging.ERROR) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        est = DaskRegressor(batch_size=DynamicSGD(per_worker_batch=256), grads_per_worker=128, max_workers=4,
+                            scale_cluster=True, scale_wait=2, client=client, max_epochs=2, random_state=0)
+        est.fit(X.astype(np.float32), (y / y.std()).astype(np.float32))
+        updates = [u for row in est.history_ for u in row["updates"]]
+        assert {u["n_workers"] for u in updates} == {2}
+        assert {u["batch_size"] for u in updates} == {512}
+        assert len(client.scheduler_info()["workers"]) == 2

@@ -143,6 +143,9 @@ class BaseDamper(BaseEstimator):
 
     #: Ask the workers for per-chunk gradient statistics (AdaScale).
     needs_grad_stats: bool = False
+    #: The batch size follows the workers the cluster has (elastic DynamicSGD): the
+    #: cluster is then never sized from the batch size, which would feed back on itself.
+    follows_workers: bool = False
 
     def reset(self, n_data: int) -> BaseDamper:
         """Validate parameters and clear training state before a fresh fit.

@@ -113,6 +113,11 @@ class DynamicSGD(BaseDamper):
         inner = getattr(self, "schedule_", None) or self.batch_size
         return bool(getattr(inner, "needs_grad_stats", False))
 
+    @property
+    def follows_workers(self) -> bool:
+        """Elastic mode: B = per_worker_batch x workers, so the workers must not follow B."""
+        return self.per_worker_batch is not None
+
     def reset(self, n_data: int) -> DynamicSGD:
         name = type(self).__name__
         _check_int(n_data, "n_data", low=1)
