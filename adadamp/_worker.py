@@ -312,13 +312,11 @@ def _gradient(state: _FitState, weights, indices: np.ndarray, n_chunks: int, see
         X = state.X_dev.index_select(0, rows_t)
         y = state.y_dev.index_select(0, rows_t)
         n = len(rows)
-        # Criteria averaging over the batch are turned back into sums.
-        mean = getattr(state.criterion, "reduction", "mean") == "mean"
         state.grads.zero_()
         with seeded(seed, state.device):
             out = state.module(X)  # one forward: BatchNorm sees the share once, as without statistics
-            loss = state.criterion(out, y) * (n if mean else 1)
-            first = _first_half_gradient(state, out, y, n, mean) if n_chunks > 1 and n > 1 else None
+            loss, weight = _loss_sum(state.criterion, out, y, n)
+            first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
             loss.backward()  # the trained gradient: the same with or without statistics
         sq_sum, n_stat_chunks = 0.0, 0
         if n_chunks > 1:  # AdaScale's statistics (algorithms.md §2.3): every share is a chunk
@@ -340,6 +338,7 @@ def _gradient(state: _FitState, weights, indices: np.ndarray, n_chunks: int, see
             "buffers": torch.cat([b.reshape(-1) for b in state.buffers]).cpu().numpy() if state.buffers else None,
             "grad": grad,
             "n": n,
+            "weight": weight,
             "loss_sum": loss_sum,
             "chunk_sq_norm_sum": sq_sum,
             "n_chunks": n_stat_chunks,
@@ -347,7 +346,35 @@ def _gradient(state: _FitState, weights, indices: np.ndarray, n_chunks: int, see
         }
 
 
-def _first_half_gradient(state: _FitState, out, y, n: int, mean: bool) -> torch.Tensor:
+def _loss_sum(criterion, out, y, n: int) -> tuple[torch.Tensor, float]:
+    """The share's loss as a sum, and what the full batch's mean divides that sum by.
+
+    Gradients are sums and the client divides once by the batch's total
+    (DESIGN.md §4).  A mean-reduced criterion is turned back into a sum: for
+    most criteria by the example count, but a class-weighted or
+    ``ignore_index`` mean (CrossEntropyLoss, NLLLoss) divides by the targets'
+    total weight, so that sum is computed (``reduction="sum"``) and that
+    weight returned: the batch's loss is then exactly the criterion's
+    weighted mean over all workers' examples.
+    """
+    if getattr(criterion, "reduction", "mean") != "mean":
+        return criterion(out, y), float(n)
+    ignore = getattr(criterion, "ignore_index", None)
+    weights = getattr(criterion, "weight", None)
+    if ignore is None or y.is_floating_point() or (weights is None and not bool((y == ignore).any())):
+        return criterion(out, y) * n, float(n)
+    kept = y != ignore
+    per_target = torch.ones_like(y, dtype=out.dtype) if weights is None else weights.to(out.dtype)[y.clamp(min=0)]
+    original = criterion.reduction
+    criterion.reduction = "sum"
+    try:
+        total = criterion(out, y)
+    finally:
+        criterion.reduction = original
+    return total, float((per_target * kept).sum())
+
+
+def _first_half_gradient(state: _FitState, out, y, n: int) -> torch.Tensor:
     """The gradient sum of the share's first ``n // 2`` examples, from the share's one forward pass.
 
     An extra backward of that half's loss (the graph is kept for the full
@@ -356,7 +383,7 @@ def _first_half_gradient(state: _FitState, out, y, n: int, mean: bool) -> torch.
     """
     m = n // 2
     params = [p for p in state.module.parameters() if p.requires_grad]
-    half = state.criterion(out[:m], y[:m]) * (m if mean else 1)
+    half, _ = _loss_sum(state.criterion, out[:m], y[:m], m)
     grads = torch.autograd.grad(half, params, retain_graph=True, allow_unused=True)
     return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double() for g, p in zip(grads, params)])
 

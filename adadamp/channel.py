@@ -43,8 +43,8 @@ import numpy as np
 # Request: number of indices (-1 closes), chunks, seed, number of weights sent (0: shared memory).
 REQUEST = struct.Struct("<qqqq")
 # Reply: status (0 ok, 1 error), n, n_chunks, gradient floats, buffer floats, error bytes,
-# loss sum, chunk squared-norm sum, compute seconds.
-REPLY = struct.Struct("<qqqqqqddd")
+# loss sum, chunk squared-norm sum, compute seconds, the loss's normalizer (weighted count).
+REPLY = struct.Struct("<qqqqqqdddd")
 TOKEN_BYTES = 32  # the per-fit key
 NONCE_BYTES = 16
 MAC = hashlib.sha256
@@ -111,6 +111,7 @@ class GradientReply:
     compute_time: float
     grad: np.ndarray | None  # None: the worker wrote it into shared memory
     buffers: np.ndarray | None
+    weight: float = 0.0  # what the loss sum is normalized by: the examples, or their class weights
 
 
 # --------------------------------------------------------------------------- worker side
@@ -226,7 +227,7 @@ class ChannelServer:
             r = self._compute(weights, indices, n_chunks, seed)
         except Exception as err:  # noqa: BLE001 -- any error is the client's to raise
             message = f"{type(err).__name__}: {err}".encode(errors="replace")[:MAX_ERROR_BYTES]
-            conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0) + message)
+            conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0) + message)
             return True
         grad, buffers = r["grad"], r["buffers"]
         header = REPLY.pack(
@@ -239,6 +240,7 @@ class ChannelServer:
             r["loss_sum"],
             r["chunk_sq_norm_sum"],
             r["compute_time"],
+            r.get("weight", r["n"]),
         )
         send_all(conn, [header] + [_as_bytes(a) for a in (grad, buffers) if a is not None])
         return True
@@ -283,7 +285,9 @@ class Channel:
     def receive(self, deadline: float) -> GradientReply:
         """The reply to the last :meth:`send`; ``TimeoutError`` after ``deadline`` (monotonic)."""
         self.sock.settimeout(max(1e-3, deadline - time.monotonic()))
-        status, n, n_chunks, n_grad, n_buffers, n_error, loss_sum, sq_sum, compute = _recv_header(self.sock, REPLY)
+        status, n, n_chunks, n_grad, n_buffers, n_error, loss_sum, sq_sum, compute, weight = _recv_header(
+            self.sock, REPLY
+        )
         if not (0 <= n_error <= MAX_ERROR_BYTES and n_grad in (0, self.n_weights) and 0 <= n_buffers <= self.n_buffers):
             raise ConnectionError(f"malformed reply ({n_grad} gradient, {n_buffers} buffer floats, {n_error} bytes)")
         if status:
@@ -298,7 +302,7 @@ class Channel:
         if n_buffers:
             buffers = np.empty(n_buffers, dtype=np.float32)
             recv_exactly(self.sock, _as_bytes(buffers))
-        return GradientReply(n, loss_sum, sq_sum, n_chunks, compute, grad, buffers)
+        return GradientReply(n, loss_sum, sq_sum, n_chunks, compute, grad, buffers, weight=weight)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -486,7 +486,8 @@ class Engine:
         reply is in: both then overlap the slower workers' compute, on a core
         the first worker has just freed.
         """
-        total = {"n": 0, "loss_sum": 0.0, "chunk_sq_norm_sum": 0.0, "n_chunks": 0, "compute": 0.0, "send": 0.0}
+        total = {"n": 0, "weight": 0.0, "loss_sum": 0.0, "chunk_sq_norm_sum": 0.0, "n_chunks": 0, "compute": 0.0,
+                 "send": 0.0}
         backed_up = False
 
         def add(w: str, r: dict) -> None:
@@ -502,6 +503,7 @@ class Engine:
                 total["buffers"] = weighted if total["n"] == 0 else total["buffers"] + weighted
             for key in ("n", "loss_sum", "chunk_sq_norm_sum", "n_chunks"):
                 total[key] += r[key]
+            total["weight"] += r.get("weight", r["n"])  # the loss's normalizer: n, or the targets' class weights
             total["compute"] = max(total["compute"], r["compute_time"])
             if not backed_up:  # these weights, in case the next update's loss is not finite
                 self._backups[self._current].copy_(self.flat)
@@ -606,11 +608,12 @@ class Engine:
         t_back = time.perf_counter()
 
         n = total["n"]
-        loss = total["loss_sum"] / n
+        weight = total["weight"]  # = n unless the criterion's mean is class-weighted
+        loss = total["loss_sum"] / weight
         if "buffers" in total:
             self._set_buffers(total["buffers"] / n)
         with np.errstate(invalid="ignore", over="ignore"):
-            self.grads_np *= 1.0 / n
+            self.grads_np *= 1.0 / weight
         if not math.isfinite(loss) or not np.isfinite(self.grads_np).all():
             self.flat.copy_(self._backups[1 - self._current])
             raise ConvergenceError(
@@ -621,6 +624,8 @@ class Engine:
         stats = None
         if self.damper.needs_grad_stats:
             g64 = self.grads_np.astype(np.float64)
+            if weight != n:  # the statistics are per example: the mean of the workers' sums
+                g64 *= weight / n
             stats = GradStats(
                 n_samples=int(n),
                 grad_sq_norm=float(g64 @ g64),

@@ -112,3 +112,31 @@ def test_elastic_dynamic_sgd_follows_the_workers_instead_of_driving_them():
         assert {u["n_workers"] for u in updates} == {2}
         assert {u["batch_size"] for u in updates} == {512}
         assert len(client.scheduler_info()["workers"]) == 2
+
+
+@pytest.mark.parametrize("criterion__ignore_index", [-100, 1])
+def test_a_class_weighted_loss_is_the_criterions_weighted_mean(client, criterion__ignore_index):
+    """Gradients were made sums by multiplying the mean by the example count: wrong for class
+    weights and ignore_index. One update on the whole data set equals one full-batch step."""
+    from sklearn.datasets import make_classification
+
+    from adadamp import DaskClassifier
+
+    X, y = make_classification(n_samples=96, n_features=6, n_informative=4, n_classes=3, random_state=0)
+    X = X.astype(np.float32)
+    weights = torch.tensor([1.0, 5.0, 0.2])
+    est = DaskClassifier(criterion=nn.CrossEntropyLoss, criterion__weight=weights,
+                         criterion__ignore_index=criterion__ignore_index, optimizer=torch.optim.SGD,
+                         optimizer__lr=0.5, batch_size=96, max_epochs=1, random_state=0).fit(X, y)
+    initial = DaskClassifier(criterion=nn.CrossEntropyLoss, criterion__weight=weights,
+                             criterion__ignore_index=criterion__ignore_index, random_state=0)
+    module = initial._build_module(6, 3, est.loop_.seed)
+    loss = nn.CrossEntropyLoss(weight=weights, ignore_index=criterion__ignore_index)(
+        module(torch.from_numpy(X)), torch.from_numpy(y))
+    loss.backward()
+    with torch.no_grad():
+        for p in module.parameters():
+            p -= 0.5 * p.grad
+    assert est.history_[0]["train_loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
+    for got, want in zip(est.module_.parameters(), module.parameters()):
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-6)
