@@ -534,12 +534,12 @@ def test_O3_orthogonal_shards_give_linear_scaling():
 
 def test_O4_identical_shards_give_identity_scaling():
     gain, _ = adascale_r([[1, 1], [1, 1]])
-    assert abs(gain - 1) < 1e-6 and gain - 1 == pytest.approx(8.3e-8, rel=0.01)
-    # the 1e-6 variance floor: |r - 1| is only tiny when mu^2 >= 1
+    assert abs(gain - 1) < 1e-6 and gain - 1 == pytest.approx(5e-7, rel=0.01)
+    # the variance floor is relative (1e-6 of var + mu^2): the same tiny |r - 1| at any gradient scale
     d = AdaScale(batch_size=2, base_batch_size=1).reset(100)
     g = np.sqrt([0.05, 0.05])
     d.plan_update(state(), 2, shard_stats([g, g]))
-    assert d.gain_ - 1 == pytest.approx(5e-6, rel=0.01)
+    assert d.gain_ - 1 == pytest.approx(5e-7, rel=0.01)
 
 
 def test_O5_unequal_shard_sizes():
@@ -847,3 +847,17 @@ def test_adaptive_dampers_observe_each_update_once():
             stats = GradStats(b1, 4.0 / (t + 1), 0.0, 0)
             assert once.plan_update(s, b1, stats) == twice.plan_update(s, b2, stats)
         assert b1 > 4
+
+
+def test_adascale_gain_does_not_depend_on_the_losss_scale():
+    """The variance floor was absolute: mu^2 = 1e-8 gave r = 7.5 at S = 8, the same problem with
+    the loss scaled so that mu^2 = 1e-4 gave 1.01."""
+    from adadamp.dampers import AdaScale
+
+    var, sqr = 2e-9, 1e-8  # a base-batch variance and a squared norm
+    small = float(AdaScale.gain_ratio(var, sqr, 8))
+    for c in (1e4, 1.0, 1e8):
+        assert float(AdaScale.gain_ratio(c * var, c * sqr, 8)) == pytest.approx(small, rel=1e-9)
+    assert small == pytest.approx((var + sqr) / (var / 8 + sqr), rel=1e-5)
+    assert float(AdaScale.gain_ratio(0.0, 0.0, 8)) == 8.0  # neither signal nor noise: adaptdl's limit
+    assert float(AdaScale.gain_ratio(0.0, 1.0, 8)) == pytest.approx(1.0, abs=1e-5)

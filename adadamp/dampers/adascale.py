@@ -47,8 +47,9 @@ class AdaScale(BaseDamper):
     Both are smoothed by a debiased exponential moving average with weight
     ``theta_t = smoothing ** S_t`` (a memory of about ``1/(1 - smoothing)``
     base batches, as adaptdl), updated *before* the gain is computed, and
-    clamped only at use: ``var = max(sigma2_avg / b0, 1e-6)``,
-    ``sqr = max(mu2_avg, 0)``, so ``1 <= r <= S`` for ``S >= 1``.  ``r = 1``
+    clamped only at use: ``sqr = max(mu2_avg, 0)``,
+    ``var = max(sigma2_avg / b0, 1e-6 (var + sqr))`` (a floor relative to the
+    gradient's scale; adaptdl's is an absolute 1e-6), so ``1 <= r <= S`` for ``S >= 1``.  ``r = 1``
     exactly when ``S == 1`` (bit-identical to plain SGD) and before the first
     estimate; updates with ``k < 2`` or non-finite statistics leave the
     averages unchanged.  A change of the batch size does not touch the
@@ -173,11 +174,17 @@ class AdaScale(BaseDamper):
 
     @staticmethod
     def gain_ratio(grad_var, grad_sqr, scale):
-        """Gain ``(v + m) / (v / S + m)`` with ``v >= 1e-6`` and ``m >= 0``.
+        """Gain ``(v + m) / (v / S + m)`` with ``m >= 0`` and ``v >= 1e-6 (v + m)``.
 
         ``grad_var`` is the variance of a *base-batch* gradient
         (``sigma2 / b0``), ``grad_sqr`` the squared gradient norm, ``scale``
-        ``S = B / b0``.  Works element-wise on arrays.
+        ``S = B / b0``.  Works element-wise on arrays.  The variance floor is
+        relative (adaptdl's is an absolute ``1e-6``, which made the gain
+        depend on the loss's scale: ``mu^2 = 1e-8`` gave ``r = 7.5`` at
+        ``S = 8`` where the same problem scaled to ``mu^2 = 1e-4`` gave
+        1.01), so the gain is the same for any scaling of the loss.  With
+        neither signal nor noise (``v = m = 0``) the gain is ``S``, the
+        limit adaptdl's floor gives.
 
         Parameters
         ----------
@@ -195,9 +202,11 @@ class AdaScale(BaseDamper):
         >>> AdaScale.gain_ratio(grad_var=[1.0, 0.0], grad_sqr=[0.0, 1.0], scale=8).round(4).tolist()
         [8.0, 1.0]
         """
-        v = np.maximum(grad_var, 1e-6)
         m = np.maximum(grad_sqr, 0.0)
-        return (v + m) / (v / scale + m)
+        v = np.maximum(np.maximum(grad_var, 0.0), 1e-6 * (np.maximum(grad_var, 0.0) + m))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = (v + m) / (v / scale + m)
+        return np.where(v + m > 0, r, np.asarray(scale, dtype=float))
 
     def grad_variance(self) -> float | None:
         """Smoothed per-example gradient variance (None before an estimate).
