@@ -361,7 +361,11 @@ def _loss_sum(criterion, out, y, n: int) -> tuple[torch.Tensor, float]:
         return criterion(out, y), float(n)
     ignore = getattr(criterion, "ignore_index", None)
     weights = getattr(criterion, "weight", None)
-    if ignore is None or y.is_floating_point() or (weights is None and not bool((y == ignore).any())):
+    if (
+        ignore is None
+        or y.is_floating_point()
+        or (weights is None and (ignore < 0 or not bool((y == ignore).any())))  # labels are >= 0: nothing ignored
+    ):
         return criterion(out, y) * n, float(n)
     kept = y != ignore
     per_target = torch.ones_like(y, dtype=out.dtype) if weights is None else weights.to(out.dtype)[y.clamp(min=0)]
