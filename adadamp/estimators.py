@@ -535,7 +535,8 @@ class DaskBaseDamper(BaseEstimator):
             state.update(targets)
             self._apply_optimizer_params(state)
             if self._damper_spec() != self._damper_spec_:
-                state["damper_"] = self._build_damper(len(X))  # batch_size changed since the last fit
+                # batch_size changed since the last fit: a new damper, on the run's continuing clock
+                state["damper_"] = self._build_damper(len(X)).continue_from(state["loop_"].progress)
             if state["loop_"].n_data != len(X):
                 state["loop_"] = _resized(state["loop_"], len(X))
         if self.checkpoint is not None:

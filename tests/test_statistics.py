@@ -140,3 +140,25 @@ def test_a_class_weighted_loss_is_the_criterions_weighted_mean(client, criterion
     assert est.history_[0]["train_loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
     for got, want in zip(est.module_.parameters(), module.parameters()):
         np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_a_rebuilt_adascale_continues_its_lr_schedule(client):
+    """A warm start with a changed batch_size__* builds AdaScale again; its lr schedule restarted at
+    tau = 0 while the wrapped schedule's epoch clock went on."""
+    from adadamp.dampers import GeoDamp
+
+    X, y = make_regression(n_samples=128, n_features=6, noise=1.0, random_state=0)
+    X, y = X.astype(np.float32), (y / y.std()).astype(np.float32)
+    est = DaskRegressor(batch_size=AdaScale(batch_size=GeoDamp(initial=8, delay=1), base_batch_size=8,
+                                            lr_schedule=_halving),
+                        optimizer=torch.optim.SGD, optimizer__lr=1e-3, max_epochs=2, random_state=0,
+                        warm_start=True).fit(X, y)
+    tau = est.damper_.tau_
+    est.set_params(batch_size__batch_size__factor=4, max_epochs=1).fit(X, y)
+    assert est.damper_.batch_size.factor == 4  # it was rebuilt
+    per_epoch = 128 / 8  # scale-invariant iterations per epoch
+    assert est.damper_.tau_ == pytest.approx(tau + per_epoch, abs=2)  # went on from where the clock stood
+
+
+def _halving(t):
+    return 0.5 ** (t // 16)

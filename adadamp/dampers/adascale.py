@@ -281,6 +281,12 @@ class AdaScale(BaseDamper):
     def next_batch_size(self, state: TrainState) -> int:
         return self.schedule_.next_batch_size(state)
 
+    def continue_from(self, progress: float) -> AdaScale:
+        """Continue the scale-invariant clock: each update advanced ``progress`` by ``r b0``, so
+        ``tau = progress / b0`` and the lr schedule goes on where it was (not from ``lr(0)``)."""
+        self.tau_ = float(progress) / self.base_batch_size_
+        return self
+
     def _lr_at(self, t: int, state: TrainState) -> float:
         if self.lr_cache_[0] == t:
             return self.lr_cache_[1]

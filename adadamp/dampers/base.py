@@ -250,6 +250,30 @@ class BaseDamper(BaseEstimator):
         """
         return None
 
+    def continue_from(self, progress: float) -> BaseDamper:
+        """Pick up a training run whose epoch clock stands at ``progress`` examples.
+
+        Called on a damper built afresh for a run that goes on (a warm start
+        after ``batch_size__*`` changed), so that clocks of its own continue
+        instead of restarting.  Dampers that read only the engine's
+        :class:`TrainState` need nothing here.
+
+        Parameters
+        ----------
+        progress : float
+            The engine's epoch clock, in examples.
+
+        Returns
+        -------
+        self
+
+        Examples
+        --------
+        >>> GeoDamp(initial=32).reset(1000).continue_from(5000.0).initial
+        32
+        """
+        return self
+
 
 
 class Constant(BaseDamper):
