@@ -46,6 +46,7 @@ from ._worker import TrainerPlugin, bind_parameters, flatten_parameters, float_b
 from .channel import Channel, WorkerError, tcp_host
 from .dampers import BaseDamper, GradStats, TrainState
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
+from .optimizer_plan import apply_plan
 from .shm import SharedBuffers
 
 logger = logging.getLogger(__name__)
@@ -636,7 +637,7 @@ class Engine:
         t_agg = time.perf_counter()
 
         self._current = 1 - self._current
-        lr = self._apply_plan(plan)
+        lr = apply_plan(self.optimizer, plan)
         self.optimizer.step()
         t_step = time.perf_counter()
 
@@ -666,21 +667,6 @@ class Engine:
             for b in self._buffers:
                 b.copy_(torch.from_numpy(values[offset : offset + b.numel()]).view_as(b))
                 offset += b.numel()
-
-    def _apply_plan(self, plan) -> float:
-        if plan.momentum_buffer_scale != 1.0:
-            for st in self.optimizer.state.values():
-                buf = st.get("momentum_buffer")
-                if buf is not None:
-                    buf.mul_(plan.momentum_buffer_scale)
-        for group in self.optimizer.param_groups:
-            group["lr"] = group["adadamp_base_lr"] * plan.lr_factor
-            if plan.momentum is not None:
-                if "momentum" in group:
-                    group["momentum"] = plan.momentum
-                elif "betas" in group:
-                    group["betas"] = (plan.momentum, group["betas"][1])
-        return float(self.optimizer.param_groups[0]["lr"])
 
     def run_epoch(self, updates: list | None = None, on_update=None) -> dict:
         """Updates until the epoch clock passes the next whole epoch.

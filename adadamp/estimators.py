@@ -31,7 +31,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
 
 from . import callbacks as callbacks_mod
-from . import checkpoint
+from . import checkpoint, optimizer_plan
 from . import cluster as cl
 from .dampers import AdaScale, BaseDamper, Constant
 from .engine import Engine, LoopState
@@ -541,6 +541,7 @@ class DaskBaseDamper(BaseEstimator):
                 state["loop_"] = _resized(state["loop_"], len(X))
         if self.checkpoint is not None:
             state["_fingerprint_"] = self._fingerprint(X, y)
+        optimizer_plan.check_supported(state["optimizer_"], state["damper_"])
         self._training_state = state  # save_params from a callback saves this state, not the last fit's
         start = state["loop_"].n_updates
         try:

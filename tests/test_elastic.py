@@ -185,12 +185,14 @@ class SlowToBuild(torch.nn.Module):
 
 
 class ScaleAt(Callback):
-    """Asks the test cluster for a second worker after update 3, without waiting for it."""
+    """Adds a second worker to the test cluster after update 3 (waits until it has joined Dask,
+    outside any update; its adadamp set-up is the engine's business)."""
 
     def on_update_end(self, estimator, record=None, **info):
         self.updates_ = getattr(self, "updates_", 0) + 1
         if self.updates_ == 3:
             _CLUSTERS["current"].scale(2)
+            _CLUSTERS["client"].wait_for_workers(2, timeout=60)
 
 
 def test_a_joining_worker_is_set_up_off_the_training_path(data):

@@ -1,0 +1,82 @@
+"""What a damper's plan means for each family of PyTorch optimizers.
+
+A plan (:class:`adadamp.dampers.UpdatePlan`) carries a learning-rate factor,
+a momentum and a momentum-buffer scale.  The learning-rate factor multiplies
+every param group's base ``lr``.  Momentum and the buffer are defined per
+family, by the keys the optimizer's param groups have:
+
+========================  ==========================  ===========================
+family (keys)             momentum rule sets          velocity compensation scales
+========================  ==========================  ===========================
+SGD, RMSprop (momentum)   ``momentum``                ``momentum_buffer``
+Adam, AdamW, NAdam, ...   ``beta1`` of ``betas``      ``exp_avg`` (first moment)
+others (Adadelta, ...)    -- (ValueError)             -- (ValueError)
+========================  ==========================  ===========================
+
+For Adam the update is ``lr * m / sqrt(v)``, linear in the first moment ``m``
+as SGD's is in its buffer, so rescaling ``m`` by ``B_old / B_new`` when the
+learning rate grows by ``B_new / B_old`` keeps the first update after a
+batch jump continuous, as Lin et al. 2019 App. B.4 does for SGD.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["apply_plan", "check_supported"]
+
+
+def _family(defaults: dict) -> str | None:
+    if "betas" in defaults:
+        return "adam"
+    if "momentum" in defaults:
+        return "momentum"
+    return None
+
+
+def check_supported(optimizer: torch.optim.Optimizer, damper) -> None:
+    """Raise ``ValueError`` if the damper asks for momentum changes the optimizer has no meaning for."""
+    family = _family(optimizer.defaults)
+    if family is not None:
+        return
+    name = type(optimizer).__name__
+    for d in _dampers(damper):
+        if getattr(d, "momentum", None) is not None:
+            raise ValueError(
+                f"{type(d).__name__}(momentum={d.momentum!r}) sets a momentum, but {name} has none. Use "
+                "optimizer=torch.optim.SGD (momentum) or an Adam variant (beta1), or leave momentum=None."
+            )
+        if getattr(d, "compensation", None) == "velocity":
+            raise ValueError(
+                f"{type(d).__name__}(compensation='velocity') rescales a momentum buffer, but {name} has none. "
+                "Use compensation='ramp', or an optimizer with momentum (SGD) or a first moment (Adam)."
+            )
+
+
+def apply_plan(optimizer: torch.optim.Optimizer, plan) -> float:
+    """Set the param groups' learning rate and momentum and scale the buffers; returns the first group's lr."""
+    adam = _family(optimizer.defaults) == "adam"
+    if plan.momentum_buffer_scale != 1.0:
+        key = "exp_avg" if adam else "momentum_buffer"
+        for st in optimizer.state.values():
+            buf = st.get(key)
+            if buf is not None:
+                buf.mul_(plan.momentum_buffer_scale)
+    for group in optimizer.param_groups:
+        group["lr"] = group["adadamp_base_lr"] * plan.lr_factor
+        if plan.momentum is not None:
+            if adam:
+                group["betas"] = (plan.momentum, group["betas"][1])
+            elif "momentum" in group:
+                group["momentum"] = plan.momentum
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def _dampers(damper):
+    """The damper and the schedules it wraps."""
+    yield damper
+    for attr in ("schedule_", "batch_size"):
+        inner = getattr(damper, attr, None)
+        if hasattr(inner, "next_batch_size"):
+            yield from _dampers(inner)
+            return
