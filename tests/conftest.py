@@ -43,6 +43,16 @@ def client(session_client):
         yield session_client
 
 
+@pytest.fixture(scope="session")
+def regression_data():
+    """256 x 8 float32 regression data with standardized targets."""
+    import numpy as np
+    from sklearn.datasets import make_regression
+
+    X, y = make_regression(n_samples=256, n_features=8, noise=1.0, random_state=0)
+    return X.astype(np.float32), (y / y.std()).astype(np.float32)
+
+
 @pytest.fixture
 def new_processes():
     """``new_processes()`` lists the child processes started during the test that are still

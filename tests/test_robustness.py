@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from distributed import Client, LocalCluster
-from sklearn.datasets import make_regression
 from torch import nn
 
 from adadamp import DaskRegressor, _worker
@@ -23,9 +22,8 @@ from adadamp.exceptions import NoWorkersError
 
 
 @pytest.fixture(scope="module")
-def data():
-    X, y = make_regression(n_samples=256, n_features=8, noise=1.0, random_state=0)
-    return X.astype(np.float32), (y / y.std()).astype(np.float32)
+def data(regression_data):
+    return regression_data
 
 
 def _weights(est) -> np.ndarray:

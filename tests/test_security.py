@@ -14,7 +14,6 @@ import dask
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import make_regression
 
 from adadamp import DaskRegressor, checkpoint, shm
 from adadamp.callbacks import Callback
@@ -25,9 +24,8 @@ NOBODY = 65534
 
 
 @pytest.fixture(scope="module")
-def data():
-    X, y = make_regression(n_samples=256, n_features=8, noise=1.0, random_state=0)
-    return X.astype(np.float32), (y / y.std()).astype(np.float32)
+def data(regression_data):
+    return regression_data
 
 
 def _weights(est) -> np.ndarray:
