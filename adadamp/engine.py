@@ -190,12 +190,9 @@ class Engine:
     def _release_workers(self) -> None:
         """Close the channels and drop the fit's state on every worker that has it."""
         if self._pending is not None:  # let background set-ups finish, so that what they built is released
-            started, future = self._pending
-            self._pending = None
             with contextlib.suppress(Exception):
-                for w, r in zip(started, future.result(timeout=self.policy.update_timeout)):
-                    if isinstance(r, dict) and r.get("channel"):
-                        self._connect(w, r["channel"])
+                self._pending[1].result(timeout=self.policy.update_timeout)
+            self._pending = None
         for w in list(self.channels):
             self._forget(w)
         reachable = [w for w in self._set_up if not self._quarantined(w)]  # a hung one drops it when it wakes
