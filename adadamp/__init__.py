@@ -19,12 +19,14 @@ _EXPORTS = {
     "Callback": "callbacks",
     "Checkpoint": "callbacks",
     "EarlyStopping": "callbacks",
+    "LRScheduler": "callbacks",
     "ProgressBar": "callbacks",
     **{
         name: "dampers"
         for name in (
             "AdaDamp",
             "AdaScale",
+            "AdamScale",
             "BaseDamper",
             "CntsDampLR",
             "Constant",
@@ -34,6 +36,7 @@ _EXPORTS = {
             "GradientDescent",
             "PadaDamp",
             "RadaDamp",
+            "Seesaw",
         )
     },
 }

@@ -139,6 +139,7 @@ class Engine:
         self._last_heal = -math.inf
         for group in optimizer.param_groups:
             group.setdefault("adadamp_base_lr", group["lr"])
+            group.pop("adadamp_scheduled_lr", None)  # set by an LRScheduler callback of this fit, if any
 
     # ------------------------------------------------------------------ set-up
     def __enter__(self) -> Self:

@@ -31,9 +31,9 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
 
 from . import callbacks as callbacks_mod
-from . import checkpoint, optimizer_plan
+from . import checkpoint, optimizer_plan, porting
 from . import cluster as cl
-from .dampers import AdaScale, BaseDamper, Constant
+from .dampers import BaseDamper, Constant
 from .engine import Engine, LoopState
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .modules import MLP
@@ -54,7 +54,7 @@ def _routed_prefix(key: str) -> str | None:
 
 
 class DaskBaseDamper(BaseEstimator):
-    """Base of :class:`DaskClassifier` and :class:`DaskRegressor`.
+    """Base of :class:`DaskClassifier` and :class:`DaskRegressor` (not instantiated itself).
 
     Trains a PyTorch module with synchronous data-parallel SGD on the workers
     of a Dask cluster.  The client holds the weights and the optimizer; each
@@ -175,6 +175,15 @@ class DaskBaseDamper(BaseEstimator):
     60
     """
 
+    def __new__(cls, *args, **kwargs):
+        if cls is DaskBaseDamper:
+            raise TypeError(
+                "DaskBaseDamper is the base class of DaskClassifier and DaskRegressor and is not fitted "
+                "itself: use DaskClassifier for labels, DaskRegressor for real-valued targets (with "
+                "criterion=... for the loss the original adadamp's DaskBaseDamper scored with)."
+            )
+        return super().__new__(cls)
+
     def __init__(
         self,
         module=None,
@@ -282,6 +291,9 @@ class DaskBaseDamper(BaseEstimator):
         for key in self._get_param_names():
             if key in known or _routed_prefix(key):
                 continue
+            hint = porting.estimator_hint(key)
+            if hint is not None:
+                raise ValueError(f"Unknown parameter {key!r} for {type(self).__name__}: {hint}.")
             raise ValueError(f"Unknown parameter {key!r} for {type(self).__name__}.{_did_you_mean(key, known)}")
         if (
             isinstance(self.max_epochs, bool)
@@ -348,7 +360,8 @@ class DaskBaseDamper(BaseEstimator):
             try:
                 damper.set_params(**params)
             except ValueError as err:
-                raise ValueError(f"batch_size__*: {err}") from err
+                hint = porting.damper_hint(type(damper), (), params)
+                raise ValueError(f"batch_size__*: {hint or err}") from err
         elif isinstance(bs, type):
             damper = _construct(bs, params, "batch_size")
         else:
@@ -357,14 +370,6 @@ class DaskBaseDamper(BaseEstimator):
                 raise ValueError(f"{keys} given but batch_size={bs!r} is not a damper; pass e.g. batch_size=GeoDamp.")
             damper = Constant(batch_size=int(bs))
         damper.reset(n_data)
-        if isinstance(damper, AdaScale) and not issubclass(self.optimizer, torch.optim.SGD):
-            warnings.warn(
-                f"AdaScale scales the learning rate of SGD (Johnson et al. 2020, Alg. 2); with "
-                f"optimizer={self.optimizer.__name__} its gain ratio has no such meaning. "
-                "Pass optimizer=torch.optim.SGD.",
-                UserWarning,
-                stacklevel=3,
-            )
         return damper
 
     def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
@@ -608,7 +613,15 @@ class DaskBaseDamper(BaseEstimator):
 
         def call(hook, **info):
             for cb in hooks:
-                getattr(cb, hook)(self, module=state["module_"], history=state["history_"], **info)
+                getattr(cb, hook)(
+                    self,
+                    module=state["module_"],
+                    optimizer=state["optimizer_"],
+                    damper=state["damper_"],
+                    loop=state["loop_"],
+                    history=state["history_"],
+                    **info,
+                )
 
         def on_update(updates):
             every = self.checkpoint_every
@@ -825,16 +838,23 @@ class DaskBaseDamper(BaseEstimator):
         last = self.history_[-1] if self.history_ else {}
         loop = self.loop_
         return types.MappingProxyType(
-            {
-                "n_updates": loop.n_updates,
-                "n_samples_seen": loop.n_samples_seen,
-                "epochs": loop.epoch,
-                "batch_size": last.get("batch_size"),
-                "lr": last.get("lr"),
-                "n_workers": last.get("n_workers"),
-                "train_loss": last.get("train_loss"),
-            }
+            _Meta(
+                n_updates=loop.n_updates,
+                n_samples_seen=loop.n_samples_seen,
+                epochs=loop.epoch,
+                batch_size=last.get("batch_size"),
+                lr=last.get("lr"),
+                n_workers=last.get("n_workers"),
+                train_loss=last.get("train_loss"),
+            )
         )
+
+    def __getattr__(self, name: str):
+        """Only reached for a missing attribute: the original adadamp's names get their new spelling."""
+        hint = porting.ESTIMATOR_ATTRIBUTES.get(name)
+        if hint is not None:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}: {hint}.")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -979,14 +999,15 @@ class DaskClassifier(ClassifierMixin, DaskBaseDamper):
         check_is_fitted(self)
         return self.classes_[np.argmax(self._forward(X), axis=1)]
 
-    def score(self, X, y, sample_weight=None) -> float:
+    def score(self, X, y=None, sample_weight=None) -> float:
         """Mean accuracy of :meth:`predict` on ``X`` (scikit-learn's ``ClassifierMixin.score``).
 
         Greater is better, so ``GridSearchCV`` picks the most accurate model.
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, ...)
+        X : array-like of shape (n_samples, ...) or torch Dataset
+            A map-style Dataset of ``(x, y)`` pairs takes ``y=None``.
         y : array-like of shape (n_samples,)
             True labels.
         sample_weight : array-like of shape (n_samples,), optional
@@ -1000,7 +1021,7 @@ class DaskClassifier(ClassifierMixin, DaskBaseDamper):
         >>> DaskClassifier(max_epochs=5).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
         0.96
         """
-        return super().score(X, y, sample_weight=sample_weight)
+        return super().score(*_scoring_data(X, y), sample_weight=sample_weight)
 
 
 class DaskRegressor(RegressorMixin, DaskBaseDamper):
@@ -1061,14 +1082,15 @@ class DaskRegressor(RegressorMixin, DaskBaseDamper):
         out = self._forward(X)
         return out.ravel() if self._y_1d else out
 
-    def score(self, X, y, sample_weight=None) -> float:
+    def score(self, X, y=None, sample_weight=None) -> float:
         """Coefficient of determination R^2 of :meth:`predict` on ``X`` (``RegressorMixin.score``).
 
         1 is a perfect fit; greater is better.
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, ...)
+        X : array-like of shape (n_samples, ...) or torch Dataset
+            A map-style Dataset of ``(x, y)`` pairs takes ``y=None``.
         y : array-like of shape (n_samples,) or (n_samples, n_targets)
             True targets.
         sample_weight : array-like of shape (n_samples,), optional
@@ -1082,7 +1104,7 @@ class DaskRegressor(RegressorMixin, DaskBaseDamper):
         >>> DaskRegressor(max_epochs=50).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
         0.99
         """
-        return super().score(X, y, sample_weight=sample_weight)
+        return super().score(*_scoring_data(X, y), sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -1091,6 +1113,14 @@ class DaskRegressor(RegressorMixin, DaskBaseDamper):
 
 
 # ------------------------------------------------------------------ helpers
+class _Meta(dict):
+    """``meta_``'s mapping: a key of the original adadamp's ``meta_`` gets its new spelling."""
+
+    def __missing__(self, key):
+        hint = porting.META_KEYS.get(key)
+        raise KeyError(hint if hint is not None else key)
+
+
 def _is_fitted(est) -> bool:
     return hasattr(est, "module_")
 
@@ -1108,6 +1138,18 @@ def _as_numpy(X):
     except ImportError:  # pragma: no cover
         pass
     return X
+
+
+def _scoring_data(X, y):
+    """``score`` takes arrays, or a map-style torch Dataset of ``(x, y)`` pairs with y=None (as fit)."""
+    if isinstance(X, torch.utils.data.DataLoader):
+        raise TypeError(
+            "score takes arrays or a map-style torch Dataset, not a DataLoader: pass score(loader.dataset) "
+            "(the original adadamp's score(X, y) also took a Dataset)."
+        )
+    if isinstance(X, torch.utils.data.Dataset):
+        return _from_dataset(X, y)
+    return X, y
 
 
 def _from_dataset(dataset, y):
@@ -1146,6 +1188,8 @@ def _construct(factory, params: dict, prefix: str, *args):
     """Call ``factory(*args, **params)``, naming the routed key on a bad name."""
     try:
         return factory(*args, **params)
+    except porting.OldSpellingError as err:
+        raise ValueError(f"{prefix}__*: {err}") from err
     except TypeError as err:
         accepted = _accepted_names(factory)
         bad = [k for k in params if accepted is not None and k not in accepted]

@@ -2,7 +2,9 @@
 
 A plan (:class:`adadamp.dampers.UpdatePlan`) carries a learning-rate factor,
 a momentum and a momentum-buffer scale.  The learning-rate factor multiplies
-every param group's base ``lr``.  Momentum and the buffer are defined per
+every param group's base ``lr`` (``adadamp_base_lr``), or the learning rate an
+:class:`~adadamp.callbacks.LRScheduler` callback scheduled from it
+(``adadamp_scheduled_lr``).  Momentum and the buffer are defined per
 family, by the keys the optimizer's param groups have:
 
 ========================  ==========================  ===========================
@@ -21,6 +23,8 @@ batch jump continuous, as Lin et al. 2019 App. B.4 does for SGD.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 __all__ = ["apply_plan", "check_supported"]
@@ -35,11 +39,26 @@ def _family(defaults: dict) -> str | None:
 
 
 def check_supported(optimizer: torch.optim.Optimizer, damper) -> None:
-    """Raise ``ValueError`` if the damper asks for momentum changes the optimizer has no meaning for."""
+    """Raise ``ValueError`` if the damper asks for momentum changes the optimizer has no meaning for.
+
+    Warns where a learning-rate rule was derived for another optimizer family:
+    AdaScale's linear gain for SGD, AdamScale's square-root gain and Seesaw's
+    square-root cut for adaptive optimizers (Adam, AdamW, RMSprop, ...).
+    """
     family = _family(optimizer.defaults)
+    name = type(optimizer).__name__
+    sgd = isinstance(optimizer, torch.optim.SGD)
+    for d in _dampers(damper):
+        rule = type(d).__name__
+        if rule == "AdaScale" and not sgd:
+            _warn(f"AdaScale scales the learning rate of SGD linearly with its gain (Johnson et al. 2020, Alg. 2); "
+                  f"with optimizer={name} use AdamScale (square root of the gain), or optimizer=torch.optim.SGD.")
+        elif rule in ("AdamScale", "Seesaw") and sgd:
+            other = "AdaScale" if rule == "AdamScale" else "GeoDamp (growing the batch alone matches SGD's decay)"
+            _warn(f"{rule}'s square-root learning-rate rule is for adaptive optimizers such as Adam; with "
+                  f"optimizer=SGD use {other}.")
     if family is not None:
         return
-    name = type(optimizer).__name__
     for d in _dampers(damper):
         if getattr(d, "momentum", None) is not None:
             raise ValueError(
@@ -63,13 +82,17 @@ def apply_plan(optimizer: torch.optim.Optimizer, plan) -> float:
             if buf is not None:
                 buf.mul_(plan.momentum_buffer_scale)
     for group in optimizer.param_groups:
-        group["lr"] = group["adadamp_base_lr"] * plan.lr_factor
+        group["lr"] = group.get("adadamp_scheduled_lr", group["adadamp_base_lr"]) * plan.lr_factor
         if plan.momentum is not None:
             if adam:
                 group["betas"] = (plan.momentum, group["betas"][1])
             elif "momentum" in group:
                 group["momentum"] = plan.momentum
     return float(optimizer.param_groups[0]["lr"])
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, UserWarning, stacklevel=4)
 
 
 def _dampers(damper):

@@ -49,6 +49,19 @@ def test_dynamic_sgd_smoke(client):
     assert "| early (epoch 1) | dynamic |" in exp.write_report(result)
 
 
+
+def test_seesaw_adam_smoke(client):
+    exp = _load("seesaw_adam")
+    result = exp.run(epochs=2, delay=1, factor=4, seeds=[0], client=client, tasks=("digits",))
+    rows = {r["schedule"]: r for r in result["rows"]}
+    assert set(rows) == {"adam-decay", "seesaw", "geodamp"}
+    assert rows["seesaw"]["updates"] == rows["geodamp"]["updates"] < rows["adam-decay"]["updates"]
+    assert rows["seesaw"]["final_batch"] == 64 and rows["adam-decay"]["final_batch"] == 16
+    # lr after one step of factor 4: decay / 4, Seesaw / 2, GeoDamp unchanged
+    assert [rows[k]["final_lr"] / 3e-3 for k in ("adam-decay", "seesaw", "geodamp")] == [0.25, 0.5, 1.0]
+    assert all(0 < r["accuracy_mean"] <= 1 for r in rows.values())
+    assert "| digits | seesaw |" in exp.write_report(result)
+
 def test_momentum_workers_smoke(tmp_path):
     exp = _load("momentum_workers")
     momenta = [0.9, 0.99, "tang"]

@@ -87,7 +87,7 @@ def test_wrappers_forward_what_they_wrap_needs():
 
 def test_dynamic_sgd_around_radadamp_grows_the_batch(client):
     X, y = make_regression(n_samples=256, n_features=6, noise=1.0, random_state=0)
-    schedule = DynamicSGD(batch_size=RadaDamp(initial=4, wait=1, fudge=0.0, rho=0.0))
+    schedule = DynamicSGD(batch_size=RadaDamp(initial=4, form="fudge", wait=1, fudge=0.0, rho=0.0))
     est = DaskRegressor(batch_size=schedule, optimizer=torch.optim.SGD, optimizer__lr=1e-2, max_epochs=2,
                         random_state=0).fit(X.astype(np.float32), (y / y.std()).astype(np.float32))
     sizes = [u["batch_size"] for row in est.history_ for u in row["updates"]]

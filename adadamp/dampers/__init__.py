@@ -29,13 +29,17 @@ rate scaled by ``max_batch_size / D`` instead, Holt & Sievert 2021):
 * :class:`GeoDamp` / :class:`GeoDampLR` -- geometric growth every ``delay``
   epochs (Smith et al. 2017; Holt & Sievert 2021), or the same schedule as a
   learning-rate decay.
+* :class:`Seesaw` -- GeoDamp for Adam: batch x factor with the learning rate
+  / sqrt(factor) where a step schedule would divide it by factor (Meterez et
+  al. 2025).
 * :class:`AdaDamp`, :class:`PadaDamp`, :class:`RadaDamp`, :class:`CntsDampLR`,
   :class:`GradientDescent` -- the original adadamp family (Sievert & Charles
   2019, "Improving the convergence of SGD through adaptive batch sizes").
 
 Learning-rate rules for a changing batch size (they wrap a batch schedule):
 
-* :class:`AdaScale` -- gain-ratio scaling (Johnson et al. 2020, Alg. 2).
+* :class:`AdaScale` -- gain-ratio scaling (Johnson et al. 2020, Alg. 2);
+  :class:`AdamScale` -- its square-root form for Adam (adaptdl).
 * :class:`DynamicSGD` -- momentum compensation (Lin et al. 2019, §3.2 eq. 6)
   or the velocity form of Lin et al. 2019, App. B.4.
 
@@ -65,9 +69,9 @@ Holt & Sievert's schedule on CIFAR-10 (50,000 examples, 200 epochs) needs
 29240
 """
 
-from .adascale import AdaScale
+from .adascale import AdamScale, AdaScale
 from .base import BaseDamper, Constant, GradStats, TrainState, UpdatePlan
-from .damping import AdaDamp, CntsDampLR, GeoDamp, GeoDampLR, GradientDescent, PadaDamp, RadaDamp
+from .damping import AdaDamp, CntsDampLR, GeoDamp, GeoDampLR, GradientDescent, PadaDamp, RadaDamp, Seesaw
 from .dynamic_sgd import DynamicSGD
 from .momentum import tang_momentum
 from .simulation import count_updates, simulate_schedule
@@ -75,6 +79,7 @@ from .simulation import count_updates, simulate_schedule
 __all__ = [
     "AdaDamp",
     "AdaScale",
+    "AdamScale",
     "BaseDamper",
     "CntsDampLR",
     "Constant",
@@ -85,6 +90,7 @@ __all__ = [
     "GradientDescent",
     "PadaDamp",
     "RadaDamp",
+    "Seesaw",
     "TrainState",
     "UpdatePlan",
     "count_updates",

@@ -97,7 +97,7 @@ class AdaScale(BaseDamper):
     one sample, fairscale ``test_loss_accum_cpu``).  Each worker's share is
     two chunks (one if it is a single example), computed from the share's
     one forward pass, so the statistics never change the trained gradient.  AdaScale is defined for
-    SGD with or without momentum, not for Adam.
+    SGD with or without momentum; for Adam and its variants use :class:`AdamScale`.
 
     Examples
     --------
@@ -119,6 +119,7 @@ class AdaScale(BaseDamper):
     """
 
     needs_grad_stats = True
+    _gain_power = 1.0  # the learning rate scales as r ** _gain_power (AdamScale: 0.5)
 
     def __init__(
         self,
@@ -287,6 +288,10 @@ class AdaScale(BaseDamper):
         self.tau_ = float(progress) / self.base_batch_size_
         return self
 
+    def scheduler_steps(self, n_updates: int) -> int:
+        """Scale-invariant iterations ``floor(tau)``: where the scale-1 schedule is (Alg. 2)."""
+        return math.floor(getattr(self, "tau_", 0.0) + 1e-9)
+
     def _lr_at(self, t: int, state: TrainState) -> float:
         if self.lr_cache_[0] == t:
             return self.lr_cache_[1]
@@ -328,7 +333,7 @@ class AdaScale(BaseDamper):
         else:
             r = float(self.gain_ratio(self.grad_variance() / b0, self.grad_sqr(), scale))
         self.gain_ = r
-        lr_factor = r * self._lr_at(math.floor(self.tau_), state)
+        lr_factor = r**self._gain_power * self._lr_at(math.floor(self.tau_), state)
         self.tau_ += r
         m = _resolve_momentum(self.momentum, state.n_workers, batch_size)
         if m is None:
@@ -344,3 +349,46 @@ class AdaScale(BaseDamper):
         return sched.forecast_batch_size(epoch)
 
 
+
+
+class AdamScale(AdaScale):
+    r"""AdaScale for Adam: the learning rate scales with the square root of the gain.
+
+    The same gain ratio ``r_t``, estimates, smoothing and scale-invariant
+    clock as :class:`AdaScale` (``tau_{t+1} = tau_t + r_t``; each update
+    advances the epoch clock by ``r_t * b0`` examples), but the learning rate
+    is
+
+    .. math::
+
+        \eta_t = \sqrt{r_t} \cdot \mathrm{lr}(\lfloor\tau_t\rfloor)
+
+    as adaptdl's ``AdamScale`` does (petuum/adaptdl PR #95: AdaScale's gain
+    raised to the power 0.5 for Adam, AdamW and RMSprop).  The square root is
+    Adam's scaling rule: Adam's update is normalized by the running gradient
+    magnitude, so a batch ``S`` times larger calls for a learning rate
+    ``sqrt(S)`` times larger, not ``S`` (Malladi et al. 2022, "On the SDEs
+    and scaling rules for adaptive gradient algorithms", Def. 4.2, the square
+    root scaling rule); in the noise-dominated regime ``r = S`` and the rule
+    is exactly that, and with a gradient-dominated batch ``r = 1`` leaves the
+    learning rate alone.  The momentum terms ``beta1, beta2`` are not
+    rescaled (Malladi et al. also move them towards 0 by ``S``; adaptdl does
+    not): set ``momentum`` for a beta1 rule.
+
+    Parameters
+    ----------
+    batch_size, base_batch_size, lr_schedule, smoothing, momentum
+        As for :class:`AdaScale`.
+
+    Examples
+    --------
+    Pure noise at ``S = 4``: the gain is 4, the learning rate doubles, the
+    clock advances 4 base iterations.
+
+    >>> d = AdamScale(batch_size=4, base_batch_size=1).reset(n_data=100)
+    >>> plan = d.plan_update(TrainState(0, 0, 0.0, 100, 2), 4, GradStats(4, 0.0, 8.0, 2))
+    >>> float(d.gain_), float(plan.lr_factor), float(plan.progress)
+    (4.0, 2.0, 4.0)
+    """
+
+    _gain_power = 0.5

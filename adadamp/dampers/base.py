@@ -141,6 +141,14 @@ class BaseDamper(BaseEstimator):
     ``batch_size=Doubling, batch_size__initial=16``.
     """
 
+    def __new__(cls, *args, **kwargs):
+        from ..porting import OldSpellingError, damper_hint
+
+        hint = damper_hint(cls, args, kwargs)  # the original adadamp's names get their new spelling
+        if hint is not None:
+            raise OldSpellingError(f"{cls.__name__}: {hint}.")
+        return super().__new__(cls)
+
     #: Ask the workers for per-chunk gradient statistics (AdaScale).
     needs_grad_stats: bool = False
     #: The batch size follows the workers the cluster has (elastic DynamicSGD): the
@@ -172,6 +180,19 @@ class BaseDamper(BaseEstimator):
         ValueError: GeoDamp: factor must be >= 1 ...
         """
         return self
+
+    def scheduler_steps(self, n_updates: int) -> int:
+        """The iterations a per-update learning-rate scheduler has reached after ``n_updates`` updates.
+
+        Model updates by default; :class:`AdaScale` counts scale-invariant
+        iterations ``floor(tau)`` (Johnson et al. 2020, Alg. 2).
+
+        Examples
+        --------
+        >>> Constant(batch_size=32).scheduler_steps(7)
+        7
+        """
+        return int(n_updates)
 
     def next_batch_size(self, state: TrainState) -> int:
         """Batch size of the coming update.

@@ -254,6 +254,78 @@ class GeoDampLR(GeoDamp):
         return self.initial
 
 
+
+class Seesaw(GeoDamp):
+    r"""Grow the batch by ``factor`` and cut the learning rate by ``sqrt(factor)``: GeoDamp for Adam.
+
+    Meterez et al. 2025 ("Seesaw: accelerating training by balancing learning
+    rate and batch size scheduling", arXiv:2510.14717, Alg. 1): where a step
+    schedule would divide an adaptive optimizer's learning rate by ``factor``,
+    divide it by ``sqrt(factor)`` and multiply the batch by ``factor``
+    instead.  For SGD, growing the batch by ``factor`` alone is equivalent to
+    the decay (:class:`GeoDamp`, Smith et al. 2017); Adam normalizes its step
+    by the gradient's magnitude, so a ``factor`` times larger batch only
+    reduces the noise of its step as a ``sqrt(factor)`` learning-rate cut
+    would, and the other ``sqrt(factor)`` must come from the learning rate
+    (the square-root scaling rule for Adam, Malladi et al. 2022).
+
+    With the damping ``D(e) = initial * factor ** floor(e / delay)`` of
+    :class:`GeoDamp` and the batch ``B = min(D, cap)``:
+
+    .. math::
+
+        \mathrm{lr\_factor} = \sqrt{\mathrm{initial} / B} \cdot (B / D)
+
+    so while the batch grows each step cuts the learning rate by
+    ``sqrt(factor)``, and once the batch is capped at ``max_batch_size`` the
+    remaining steps are the full learning-rate decay of the step schedule it
+    replaces.
+
+    Parameters
+    ----------
+    initial : int, default=32
+        Batch size at epoch 0.
+    delay : float, default=5
+        Epochs between two steps (> 0).
+    factor : float, default=2
+        Factor by which the replaced step schedule divides the learning rate
+        (>= 1); the batch grows by it.
+    max_batch_size : int or None, default=None
+        Largest batch; beyond it the learning rate decays by ``factor`` per
+        step.  None is the data set size.
+    momentum : None, float, callable or "tang", default=None
+        Momentum rule (beta1 for Adam; see :func:`tang_momentum`).
+
+    Examples
+    --------
+    Adam's lr schedule ``/4`` at epochs 10 and 20 becomes batch 32 -> 128 ->
+    512 with the learning rate halved at each step:
+
+    >>> d = Seesaw(initial=32, delay=10, factor=4).reset(n_data=10_000)
+    >>> for epoch in (0, 10, 20):
+    ...     s = TrainState(0, 0, epoch, n_data=10_000, n_workers=1)
+    ...     b = d.next_batch_size(s)
+    ...     print(b, d.plan_update(s, b, None).lr_factor)
+    32 1.0
+    128 0.5
+    512 0.25
+
+    Capped at 128, the second step is the full decay ``/4``:
+
+    >>> d = Seesaw(initial=32, delay=10, factor=4, max_batch_size=128).reset(n_data=10_000)
+    >>> s = TrainState(0, 0, epoch=20.0, n_data=10_000, n_workers=1)
+    >>> d.next_batch_size(s), d.plan_update(s, 128, None).lr_factor
+    (128, 0.125)
+    """
+
+    def plan_update(
+        self, state: TrainState, batch_size: int, stats: GradStats | None
+    ) -> UpdatePlan:
+        plan = BaseDamper.plan_update(self, state, batch_size, stats)  # the momentum rule
+        grown = min(self.damping_, float(self.cap_))
+        lr_factor = math.sqrt(float(self.initial) / grown) * (grown / self.damping_)
+        return dataclasses.replace(plan, lr_factor=lr_factor)
+
 class PadaDamp(_DampingSchedule):
     r"""Grow the batch size linearly with the number of model updates.
 
@@ -475,29 +547,53 @@ class AdaDamp(_DampingSchedule):
 
 
 class RadaDamp(_DampingSchedule):
-    r"""Grow the batch size as loss and gradient norm fall (moving averages).
+    r"""Grow the batch size as the loss and the gradient norm fall.
 
-    RadaDamp (DD master ``RadaDamp``): with exponential moving averages
-    ``L_k`` of the batch loss and ``G_k`` of the squared norm of the batch
-    gradient ``||g_bar||^2``,
+    Two forms, both from the original adadamp; ``L`` is the batch loss and
+    ``G`` the squared norm of the batch gradient ``||g_bar||^2``.
+
+    ``form="ratio"`` (default) is the form of the original's final code (its
+    PR #24, "implement RadaDamp properly", which replaced the fudge form
+    because the fudge weight ``c`` had to be tuned to the loss's scale):
+
+    .. math::
+
+        D_k = \max\left(B_0, \frac{B_0}{\tfrac12 (L_k / L_0 + G_k / G_0)}\right)
+
+    where the updates are grouped into windows of ``wait`` updates, each
+    window contributes the *minimum* of its batch losses and of its squared
+    gradient norms, ``L_0, G_0`` are the first window's minima, and ``L_k,
+    G_k`` are moving averages of the windows' minima,
+    ``L <- rho L + (1 - rho) min``, with ``rho = 0.2`` (the batch stays at
+    ``B_0`` during the first window and changes once per window).  Minima
+    are robust to the noise of single small batches; the average of the two
+    ratios needs no weight.
+
+    ``form="fudge"`` is the earlier form (the original's code before PR #24):
+    exponential moving averages ``L_k, G_k`` updated every update (``rho =
+    0.999``) and
 
     .. math::
 
         D_k = B_0 \max\left(1, \frac{c\,L_0 + G_0}{c\,L_k + G_k}\right)
 
     where ``c`` is ``fudge`` and ``L_0, G_0`` are the plain means over the
-    first ``wait`` updates (during which the batch stays at ``B_0``).
+    first ``wait`` updates.
 
     Parameters
     ----------
     initial : int, default=32
         ``B_0``.
-    rho : float, default=0.999
-        Memory of the moving averages, in [0, 1).
+    form : {"ratio", "fudge"}, default="ratio"
+        Which of the two forms above.
+    rho : float or None, default=None
+        Memory of the moving averages, in [0, 1); None is 0.2 for
+        ``"ratio"`` (per window) and 0.999 for ``"fudge"`` (per update).
     fudge : float, default=0.01
-        Weight ``c`` of the loss relative to the gradient norm (>= 0).
+        ``"fudge"`` form only: weight ``c`` of the loss (>= 0).
     wait : int, default=50
-        Updates used to measure ``L_0`` and ``G_0`` (>= 1).
+        Updates per window (``"ratio"``), or updates averaged for ``L_0,
+        G_0`` (``"fudge"``); >= 1.
     max_batch_size : int or None, default=None
         Largest batch; beyond it the learning rate decays by
         ``max_batch_size / D`` instead.  None is the data set size.
@@ -507,16 +603,29 @@ class RadaDamp(_DampingSchedule):
     Notes
     -----
     Reads ``GradStats.grad_sq_norm`` in :meth:`BaseDamper.plan_update` (hence
-    ``needs_grad_stats``) and ``TrainState.loss`` (required unless
-    ``fudge == 0``).  The original
-    computed a full-data-set gradient and loss at the first update and only
-    advanced the averages when the damping was re-evaluated (every ``dwell``
-    updates); here both averages advance once per update from quantities
-    the engine already has, and the batch is rounded up, not truncated.
+    ``needs_grad_stats``) and ``TrainState.loss`` (the ``"fudge"`` form
+    does without it when ``fudge == 0``).  The original computed a
+    full-data-set gradient and loss at the first update; here every
+    quantity comes from the batches the engine trains on anyway, and the
+    batch is rounded up, not truncated.
 
     Examples
     --------
-    >>> d = RadaDamp(initial=4, wait=1, fudge=0.0, rho=0.0).reset(1000)
+    Windows of two updates: minima (2, 8), then (1, 2); with rho 0.2 the
+    averages are L = 1.2, G = 3.2, so D = 10 / (0.5 (1.2/2 + 3.2/8)) = 20.
+
+    >>> d = RadaDamp(initial=10, wait=2).reset(1000)
+    >>> observed = [(None, 8.0), (2.0, 16.0), (4.0, 4.0), (1.0, 2.0), (3.0, 9.0)]  # (loss before, G)
+    >>> for k, (loss, g2) in enumerate(observed):
+    ...     s = TrainState(k, 0, 0.0, 1000, 1, loss=loss)
+    ...     b = d.next_batch_size(s)
+    ...     _ = d.plan_update(s, b, GradStats(b, g2, 0.0, 0))
+    >>> d.next_batch_size(TrainState(5, 0, 0.0, 1000, 1, loss=5.0))
+    20
+
+    The fudge form, from the gradient norm alone (``fudge=0``):
+
+    >>> d = RadaDamp(initial=4, form="fudge", wait=1, fudge=0.0, rho=0.0).reset(1000)
     >>> for k, g2 in enumerate([4.0, 2.0, 1.0]):
     ...     s = TrainState(k, 0, 0.0, 1000, 1)
     ...     b = d.next_batch_size(s)
@@ -532,13 +641,15 @@ class RadaDamp(_DampingSchedule):
     def __init__(
         self,
         initial: int = 32,
-        rho: float = 0.999,
+        form: str = "ratio",
+        rho: float | None = None,
         fudge: float = 0.01,
         wait: int = 50,
         max_batch_size: int | None = None,
         momentum=None,
     ):
         self.initial = initial
+        self.form = form
         self.rho = rho
         self.fudge = fudge
         self.wait = wait
@@ -547,10 +658,12 @@ class RadaDamp(_DampingSchedule):
 
     def _validate(self) -> None:
         name = type(self).__name__
-        if not _is_real(self.rho) or not 0 <= self.rho < 1:
+        if self.form not in ("ratio", "fudge"):
+            raise ValueError(f"{name}: form must be 'ratio' or 'fudge'; got {self.form!r}.")
+        if self.rho is not None and (not _is_real(self.rho) or not 0 <= self.rho < 1):
             raise ValueError(
                 f"{name}: rho must be in [0, 1) (memory of the moving "
-                f"averages); got {self.rho!r}."
+                f"averages) or None; got {self.rho!r}."
             )
         if not _is_real(self.fudge) or not self.fudge >= 0:
             raise ValueError(
@@ -560,23 +673,29 @@ class RadaDamp(_DampingSchedule):
         _check_int(self.wait, "wait", low=1, owner=name)
 
     def _reset_state(self) -> None:
+        self.rho_ = float(self.rho if self.rho is not None else (0.2 if self.form == "ratio" else 0.999))
         self.n_observed_ = 0
         self.loss_avg_ = 0.0
         self.grad_avg_ = 0.0
         self.initial_factor_ = None
         self.last_grad_sq_norm_ = None
+        self.initial_loss_ = self.initial_grad_ = None  # L_0, G_0 of the ratio form
+        self.window_ = []  # (loss, G) of the ratio form's current window
 
     def _damping(self, state: TrainState) -> float:
         g2, self.last_grad_sq_norm_ = self.last_grad_sq_norm_, None
         loss = state.loss
         if loss is None:
-            if state.n_updates > 0 and self.fudge != 0:
+            if state.n_updates > 0 and (self.form == "ratio" or self.fudge != 0):
                 raise RuntimeError(
                     "RadaDamp needs TrainState.loss (the previous update's mean "
-                    "batch loss) after the first update unless fudge == 0."
+                    "batch loss) after the first update (the fudge form not if fudge == 0)."
                 )
             loss = 0.0
-        if g2 is not None and math.isfinite(loss):
+        observed = g2 is not None and math.isfinite(loss)
+        if self.form == "ratio":
+            return self._ratio_damping(loss, g2) if observed else self._ratio_damping(None, None)
+        if observed:
             if self.n_observed_ < self.wait:
                 n = self.n_observed_
                 self.loss_avg_ = (n * self.loss_avg_ + loss) / (n + 1)
@@ -585,7 +704,7 @@ class RadaDamp(_DampingSchedule):
                 if self.n_observed_ == self.wait:
                     self.initial_factor_ = self._noise()
             else:
-                r = self.rho
+                r = self.rho_
                 self.loss_avg_ = r * self.loss_avg_ + (1 - r) * loss
                 self.grad_avg_ = r * self.grad_avg_ + (1 - r) * g2
         if self.initial_factor_ is None:
@@ -594,6 +713,28 @@ class RadaDamp(_DampingSchedule):
         if not div > 0:
             return self.damping_
         return self.initial * max(1.0, self.initial_factor_ / div)
+
+    def _ratio_damping(self, loss: float | None, g2: float | None) -> float:
+        """The final form: a window's minima feed the averages when the window is full."""
+        if loss is not None:
+            self.window_.append((loss, g2))
+        if len(self.window_) == self.wait:
+            low_loss = min(w[0] for w in self.window_)
+            low_grad = min(w[1] for w in self.window_)
+            self.window_ = []
+            if self.initial_loss_ is None:
+                self.initial_loss_, self.initial_grad_ = low_loss, low_grad
+                self.loss_avg_, self.grad_avg_ = low_loss, low_grad
+            else:
+                r = self.rho_
+                self.loss_avg_ = r * self.loss_avg_ + (1 - r) * low_loss
+                self.grad_avg_ = r * self.grad_avg_ + (1 - r) * low_grad
+        if self.initial_loss_ is None or not (self.initial_loss_ > 0 and self.initial_grad_ > 0):
+            return self.damping_ if self.initial_loss_ is not None else float(self.initial)
+        ratio = 0.5 * (self.loss_avg_ / self.initial_loss_ + self.grad_avg_ / self.initial_grad_)
+        if not ratio > 0:
+            return self.damping_
+        return max(float(self.initial), self.initial / ratio)
 
     def _noise(self) -> float:
         return self.fudge * self.loss_avg_ + self.grad_avg_
