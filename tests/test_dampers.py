@@ -448,7 +448,7 @@ def test_adadamp_cap_turns_growth_into_lr_decay():
     assert d.plan_update(s, 20, None).lr_factor == 0.5
 
 
-def _drive(d, seq) -> list[int]:
+def _feed(d, seq) -> list[int]:
     """Batch sizes of ``d`` fed ``(loss of the previous update, ||g||^2 of this update)`` per update."""
     got = []
     for t, (loss, g2) in enumerate(seq):
@@ -463,7 +463,7 @@ def test_radadamp_waits_then_tracks_noise():
     d = RadaDamp(initial=4, form="fudge", wait=2, fudge=0.5, rho=0.0).reset(1000)
     assert d.needs_grad_stats
     seq = [(None, 8.0), (2.0, 6.0), (2.0, 2.0), (1.0, 1.0)]  # (loss of previous, ||g||^2)
-    got = _drive(d, seq)
+    got = _feed(d, seq)
     # init factor = mean(0.5 * 2 + 8, 0.5 * 2 + 6) = 8; then 0.5 * 1 + 2 = 2.5
     assert got == [4, 4, 4, math.ceil(4 * 8 / 2.5)]
     assert d.next_batch_size(state(4, loss=1.0)) == math.ceil(4 * 8 / 1.5)
@@ -478,14 +478,14 @@ def test_radadamp_final_form_matches_the_originals_formula():
     assert d.form == "ratio" and d.rho_ == 0.2
     # (loss of the previous update, ||g||^2 of this update); the first update has no previous loss
     seq = [(None, 9.0), (4.0, 12.0), (5.0, 6.0), (3.0, 8.0), (2.0, 2.0), (6.0, 5.0), (1.0, 4.0), (0.5, 1.0)]
-    got = _drive(d, seq)
+    got = _feed(d, seq)
     # observed (loss, G) pairs: (4, 9), (5, 12), (3, 6) -> window 1 minima L0 = 3, G0 = 6
     # then (2, 8), (6, 2), (1, 5) -> minima (1, 2): L = 0.2*3 + 0.8*1 = 1.4, G = 0.2*6 + 0.8*2 = 2.8
     ratio = 0.5 * (1.4 / 3 + 2.8 / 6)
     assert got == [10, 10, 10, 10, 10, 10, math.ceil(10 / ratio), math.ceil(10 / ratio)]
     # a window whose minima are above the first's never shrinks the batch below B0
     up = RadaDamp(initial=10, wait=1, rho=0.0).reset(1000)
-    assert _drive(up, [(None, 1.0), (1.0, 5.0), (9.0, 9.0), (9.0, 1.0)]) == [10, 10, 10, 10]
+    assert _feed(up, [(None, 1.0), (1.0, 5.0), (9.0, 9.0), (9.0, 1.0)]) == [10, 10, 10, 10]
     with pytest.raises(ValueError, match="form"):
         RadaDamp(form="smooth").reset(10)
 
