@@ -51,7 +51,6 @@ from .shm import SharedBuffers
 
 logger = logging.getLogger(__name__)
 
-USE_CHANNELS = True  # gradient rounds over adadamp.channel where workers are tcp:// (else Dask RPCs)
 MEMBERSHIP_INTERVAL = 0.5  # seconds between looks at the scheduler's worker list
 HEAL_INTERVAL = 5.0  # seconds a shortfall of workers lasts before they are asked for again
 SETUP_TRIES = 3  # failed set-ups after which a worker is left out of the fit
@@ -306,7 +305,8 @@ class Engine:
         calls = []
         for w in workers:
             kwargs = {"fit_id": self.fit_id, "payload": self._payload, "n_total": len(self.X)}
-            kwargs["channel"] = USE_CHANNELS and tcp_host(w) is not None
+            # dask config adadamp.channels: False sends every round as Dask RPCs (a firewalled cluster)
+            kwargs["channel"] = bool(dask.config.get("adadamp.channels", True)) and tcp_host(w) is not None
             if self._shared is not None:
                 kwargs["shared"] = self._shared.offer(w)
             calls.append((w, "adadamp_setup", kwargs))

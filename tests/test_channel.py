@@ -16,7 +16,7 @@ from distributed import default_client
 from sklearn.datasets import make_classification
 from torch import nn
 
-from adadamp import DaskClassifier, _worker, engine
+from adadamp import DaskClassifier, _worker
 from adadamp.callbacks import Callback
 from adadamp.channel import (
     MAX_ERROR_BYTES,
@@ -263,7 +263,7 @@ def test_every_data_path_trains_the_same_weights(client, data, monkeypatch):
     assert sends and not any(sends)  # the weights travelled with every request
 
     sends.clear()
-    monkeypatch.setattr(engine, "USE_CHANNELS", False)
+    monkeypatch.setitem(dask.config.config, "adadamp", {"shm-dir": None, "channels": False})
     rpc = _weights(_fit(X, y))
     assert not sends
     assert torch.equal(shared, over_socket)
