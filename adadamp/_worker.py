@@ -34,6 +34,7 @@ from distributed import WorkerPlugin
 from distributed.protocol import to_serialize
 
 from .channel import IDLE_TIMEOUT, ChannelServer, tcp_host
+from .exceptions import ShareTooSmallError
 from .seeding import seeded
 from .shm import attach
 
@@ -314,7 +315,7 @@ def _gradient(state: _FitState, weights, indices: np.ndarray, n_chunks: int, see
         n = len(rows)
         state.grads.zero_()
         with seeded(seed, state.device):
-            out = state.module(X)  # one forward: BatchNorm sees the share once, as without statistics
+            out = _forward(state.module, X)  # one forward: BatchNorm sees the share once, as without statistics
             loss, weight = _loss_sum(state.criterion, out, y, n)
             first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
             loss.backward()  # the trained gradient: the same with or without statistics
@@ -344,6 +345,23 @@ def _gradient(state: _FitState, weights, indices: np.ndarray, n_chunks: int, see
             "n_chunks": n_stat_chunks,
             "compute_time": time.perf_counter() - start,
         }
+
+
+_BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
+
+def _forward(module: torch.nn.Module, X: torch.Tensor) -> torch.Tensor:
+    """``module(X)``; a one-example share that a training-mode BatchNorm cannot take is named as such."""
+    try:
+        return module(X)
+    except ValueError as err:
+        if len(X) == 1 and module.training and any(isinstance(m, _BATCH_NORMS) for m in module.modules()):
+            raise ShareTooSmallError(
+                "A worker's share of this update was 1 example, too few for the module's batch normalization "
+                "in training mode. Shares follow where the data lives, so raise the batch size or "
+                "grads_per_worker (fewer workers per batch)."
+            ) from err
+        raise
 
 
 def _loss_sum(criterion, out, y, n: int) -> tuple[torch.Tensor, float]:

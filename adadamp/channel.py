@@ -36,9 +36,11 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
+
+from .exceptions import ShareTooSmallError
+from .records import GradientReply
 
 # Request: number of indices (-1 closes), chunks, seed, number of weights sent (0: shared memory).
 REQUEST = struct.Struct("<qqqq")
@@ -98,20 +100,6 @@ def _recv_header(sock: socket.socket, header: struct.Struct) -> tuple:
 
 def _as_bytes(array: np.ndarray) -> memoryview:
     return memoryview(np.ascontiguousarray(array)).cast("B")
-
-
-@dataclass
-class GradientReply:
-    """What a worker returns for one gradient request (arrays already on the client)."""
-
-    n: int
-    loss_sum: float
-    chunk_sq_norm_sum: float
-    n_chunks: int
-    compute_time: float
-    grad: np.ndarray | None  # None: the worker wrote it into shared memory
-    buffers: np.ndarray | None
-    weight: float = 0.0  # what the loss sum is normalized by: the examples, or their class weights
 
 
 # --------------------------------------------------------------------------- worker side
@@ -251,6 +239,10 @@ class WorkerError(RuntimeError):
     """A gradient computation raised on the worker (not a lost worker)."""
 
 
+#: Errors a worker raises that reach the client with their own type (they name a user's fix).
+_RAISED_AS = {cls.__name__: cls for cls in (ShareTooSmallError,)}
+
+
 class Channel:
     """The client's end of one worker's :class:`ChannelServer`."""
 
@@ -293,7 +285,11 @@ class Channel:
         if status:
             message = bytearray(n_error)
             recv_exactly(self.sock, memoryview(message))
-            raise WorkerError(message.decode(errors="replace"))
+            text = message.decode(errors="replace")
+            kind, _, detail = text.partition(": ")  # the server writes "TypeName: message"
+            if kind in _RAISED_AS:  # adadamp's own errors keep their type, as over a Dask RPC
+                raise _RAISED_AS[kind](detail)
+            raise WorkerError(text)
         grad = None
         if n_grad:
             recv_exactly(self.sock, _as_bytes(self._grad))

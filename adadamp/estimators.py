@@ -34,7 +34,7 @@ from . import callbacks as callbacks_mod
 from . import checkpoint, optimizer_plan, porting
 from . import cluster as cl
 from .dampers import BaseDamper, Constant
-from .engine import Engine, LoopState
+from .engine import LoopState, ParameterServer
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .modules import MLP
 from .seeding import seeded
@@ -630,7 +630,7 @@ class DaskBaseDamper(BaseEstimator):
             call("on_update_end", record=updates[-1])
 
         with self._client_context(state) as (client, policy):
-            engine = Engine(
+            engine = ParameterServer(
                 client,
                 module=state["module_"],
                 criterion=state["criterion_"],

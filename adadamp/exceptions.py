@@ -63,3 +63,16 @@ class SchedulerLostError(RuntimeError):
     >>> issubclass(SchedulerLostError, RuntimeError)
     True
     """
+
+
+class ShareTooSmallError(ValueError):
+    """A worker's share of an update was too small for the module (BatchNorm in training mode
+    needs more than one value per channel).
+
+    Raised on the worker; the message names the fix (a larger batch, fewer workers per batch).
+
+    Examples
+    --------
+    >>> issubclass(ShareTooSmallError, ValueError)
+    True
+    """

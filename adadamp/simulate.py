@@ -52,12 +52,16 @@ Examples
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+from .cluster import ClusterPolicy
+from .dampers import GeoDamp, simulate_schedule
 
 __all__ = [
     "Calibration",
@@ -593,15 +597,17 @@ def schedule_updates(
 ) -> UpdateTrace:
     """Expand a GeoDamp schedule into per-update batch sizes and workers.
 
-    At epoch ``e`` the damping is ``D = initial * factor ** (e // delay)``
-    and the batch ``B = min(round(D), max_batch_size, n_data)``
-    (``notes/algorithms.md`` §5.1; once the cap is hit GeoDamp decays the
-    learning rate instead, which does not change the timing).  Each epoch
-    runs ``ceil(n_data / B)`` updates, all of ``B`` examples except the last,
-    which takes the remainder (§5.1 epoch accounting; it reproduces the
-    paper's Table 1, e.g. max batch 640: ``391 * 60 + 79 * 140 = 34,520``).
-    Workers for the epoch: ``clip(ceil(B / grads_per_worker), min_workers,
-    max_workers)`` (``DESIGN.md`` §2).
+    The real :class:`~adadamp.dampers.GeoDamp` is run through the engine's
+    epoch loop (:func:`~adadamp.dampers.simulate_schedule`): at epoch ``e``
+    the damping is ``D = initial * factor ** (e // delay)`` and the batch
+    ``B = min(ceil(D), cap)`` (``notes/algorithms.md`` §5.1; once the cap is
+    hit GeoDamp decays the learning rate instead, which does not change the
+    timing).  Each epoch runs ``ceil(n_data / B)`` updates, all of ``B``
+    examples except the last, which takes the remainder (§5.1 epoch
+    accounting; it reproduces the paper's Table 1, e.g. max batch 640:
+    ``391 * 60 + 79 * 140 = 34,520``).  Workers per update: the real
+    :class:`~adadamp.cluster.ClusterPolicy`, ``clip(ceil(B / grads_per_worker),
+    min_workers, max_workers)`` (``DESIGN.md`` §2).
 
     Parameters
     ----------
@@ -654,26 +660,17 @@ def schedule_updates(
         raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size!r}.")
     if max_workers is not None and max_workers < min_workers:
         raise ValueError("max_workers must be >= min_workers.")
-    cap = n_data if max_batch_size is None else min(int(max_batch_size), n_data)
-    b_parts, p_parts, e_parts = [], [], []
-    for e in range(int(epochs)):
-        exponent = e // int(delay)
-        # Avoid overflow: once the damping passes the cap it stays capped.
-        damping = float(initial) * float(factor) ** exponent if exponent < 1024 else math.inf
-        batch = int(min(round(damping) if math.isfinite(damping) else cap, cap))
-        k = -(-n_data // batch)
-        sizes = np.full(k, batch, dtype=np.int64)
-        sizes[-1] = n_data - (k - 1) * batch
-        workers = max(-(-batch // int(grads_per_worker)), int(min_workers))
-        if max_workers is not None:
-            workers = min(workers, int(max_workers))
-        b_parts.append(sizes)
-        p_parts.append(np.full(k, workers, dtype=np.int64))
-        e_parts.append(np.full(k, e, dtype=np.int64))
-    if not b_parts:
-        empty = np.zeros(0, dtype=np.int64)
-        return UpdateTrace(empty, empty, empty)
-    return UpdateTrace(np.concatenate(b_parts), np.concatenate(p_parts), np.concatenate(e_parts))
+    damper = GeoDamp(initial=int(initial), delay=int(delay), factor=factor, max_batch_size=max_batch_size)
+    policy = ClusterPolicy(
+        grads_per_worker=int(grads_per_worker),
+        min_workers=int(min_workers),
+        max_workers=sys.maxsize if max_workers is None else int(max_workers),
+    )
+    trace = simulate_schedule(damper, n_data=int(n_data), max_epochs=int(epochs))  # the engine's own loop
+    batches = np.array([r["batch_size"] for r in trace], dtype=np.int64)
+    workers = np.array([policy.wanted(r["requested"]) for r in trace], dtype=np.int64)
+    epochs_of = np.array([math.floor(r["epoch"] + 1e-9) for r in trace], dtype=np.int64)
+    return UpdateTrace(batches, workers, epochs_of)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ import torch
 from distributed import Client, LocalCluster
 from sklearn.datasets import make_classification
 
-from adadamp import DaskClassifier, DaskRegressor, engine
+from adadamp import DaskClassifier, DaskRegressor
 from adadamp.callbacks import Callback
 from adadamp.dampers import Constant, GeoDamp
+from adadamp.engine.membership import MEMBERSHIP_INTERVAL
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ class KillAt(Constant):
             os.kill(action, signal.SIGKILL)
         elif action == "wait":  # for the nannies to restart what was killed
             _CLUSTERS["client"].wait_for_workers(3)
-            time.sleep(2 * engine.MEMBERSHIP_INTERVAL)  # the engine notices them at its next look ...
+            time.sleep(2 * MEMBERSHIP_INTERVAL)  # the engine notices them at its next look ...
         elif action == "settle":
             time.sleep(1.0)  # ... and sets them up while the others train
         return super().next_batch_size(state)
@@ -150,7 +151,7 @@ class AddAt(Constant):
         if state.n_updates == 3:
             _CLUSTERS["current"].scale(2)
             _CLUSTERS["client"].wait_for_workers(2)  # the engine must notice it by itself,
-            time.sleep(2 * engine.MEMBERSHIP_INTERVAL)  # within its membership interval,
+            time.sleep(2 * MEMBERSHIP_INTERVAL)  # within its membership interval,
         if state.n_updates == 5:
             time.sleep(1.0)  # and set it up off the training path
         return super().next_batch_size(state)

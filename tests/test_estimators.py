@@ -274,7 +274,7 @@ def test_bad_input_is_rejected_before_cluster_work(name, corrupt, match, reg_dat
     def no_cluster(*args, **kwargs):
         raise AssertionError("cluster work started before validation")
 
-    monkeypatch.setattr(estimators, "Engine", no_cluster)
+    monkeypatch.setattr(estimators, "ParameterServer", no_cluster)
     X, y = corrupt(*reg_data)
     with pytest.raises(ValueError, match=match):
         DaskRegressor().fit(X, y)

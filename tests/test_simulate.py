@@ -385,3 +385,19 @@ def test_calibration_predicts_other_networks():
     cal = calibrate(_history(tr), network=NET, n_params=N_SMALL)
     ring = cal.predict(tr, network=RingAllReduce(NET.bandwidth, NET.latency))
     assert ring < cal.predict(tr)
+
+
+def test_simulators_count_the_updates_a_real_fit_makes(client, regression_data):
+    """One loop: simulate_schedule and schedule_updates run the engine's own clock and sampler."""
+    from adadamp import DaskRegressor
+    from adadamp.dampers import GeoDamp, PadaDamp, simulate_schedule
+
+    X, y = regression_data  # 256 examples
+    for damper in (GeoDamp(initial=24, delay=1, factor=3), PadaDamp(initial=10, rate=2.5)):
+        est = DaskRegressor(batch_size=damper, max_epochs=3, random_state=0).fit(X, y)
+        real = [u["batch_size"] for row in est.history_ for u in row["updates"]]
+        assert [r["batch_size"] for r in simulate_schedule(damper, n_data=len(X), max_epochs=3)] == real
+    tr = schedule_updates(n_data=len(X), epochs=3, initial=24, factor=3, delay=1, grads_per_worker=64)
+    geodamp = DaskRegressor(batch_size=GeoDamp(initial=24, delay=1, factor=3), max_epochs=3, random_state=0).fit(X, y)
+    assert tr.batch_sizes.tolist() == [u["batch_size"] for row in geodamp.history_ for u in row["updates"]]
+    assert tr.n_workers.tolist()[-1] == 4  # ceil(216 / 64): the real ClusterPolicy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sklearn.base import clone
 
-from .base import BaseDamper, TrainState
+from .base import BaseDamper
 
 
 def simulate_schedule(
@@ -13,7 +13,8 @@ def simulate_schedule(
     """Run a damper through the engine's epoch loop without a model.
 
     A clone of ``damper`` is reset and driven exactly as the engine drives
-    it: batches never straddle data epochs (each data epoch runs
+    it, on the engine's own clock and sampler (:mod:`adadamp.engine.sampler`):
+    batches never straddle data epochs (each data epoch runs
     ``ceil(n_data / B)`` updates, the last one smaller), ``plan_update``
     gets ``stats=None``, and the epoch clock advances by
     ``plan.progress`` (or the batch) until it reaches ``max_epochs``.
@@ -44,31 +45,36 @@ def simulate_schedule(
     >>> [r["batch_size"] for r in trace]
     [4, 4, 2, 8, 2]
     """
+    from ..engine.sampler import LoopState, Sampler  # the engine's clock and batches (imported late: no cycle)
+
     d = clone(damper).reset(n_data)
+    loop = LoopState(seed=0, n_data=n_data)
+    sampler = Sampler(loop)
     records: list[dict] = []
-    seen = 0
-    progress = 0.0
-    n_updates = 0
-    while progress / n_data < max_epochs - 1e-12:
-        state = TrainState(n_updates, seen, progress / n_data, n_data, n_workers)
-        requested = int(d.next_batch_size(state))
-        batch = min(requested, n_data - seen % n_data)
-        plan = d.plan_update(state, batch, None)
-        records.append(
-            {
-                "n_updates": n_updates,
-                "epoch": state.epoch,
-                "batch_size": batch,
-                "requested": requested,
-                "lr_factor": plan.lr_factor,
-                "momentum": plan.momentum,
-                "momentum_buffer_scale": plan.momentum_buffer_scale,
-                "damping": getattr(d, "damping_", None),
-            }
-        )
-        seen += batch
-        progress += batch if plan.progress is None else plan.progress
-        n_updates += 1
+    while loop.epoch < max_epochs - 1e-12:
+        end = min(loop.epoch_end(), max_epochs * n_data)
+        if not loop.in_epoch(end):  # within rounding of the end: the engine's epoch is over
+            break
+        while loop.in_epoch(end):  # one epoch, as ParameterServer.run_epoch runs it
+            state = loop.train_state(n_workers)
+            requested = int(d.next_batch_size(state))
+            batch = len(sampler.advance(requested))
+            plan = d.plan_update(state, batch, None)
+            records.append(
+                {
+                    "n_updates": loop.n_updates,
+                    "epoch": state.epoch,
+                    "batch_size": batch,
+                    "requested": requested,
+                    "lr_factor": plan.lr_factor,
+                    "momentum": plan.momentum,
+                    "momentum_buffer_scale": plan.momentum_buffer_scale,
+                    "damping": getattr(d, "damping_", None),
+                }
+            )
+            loop.n_samples_seen += batch
+            loop.progress += batch if plan.progress is None else plan.progress
+            loop.n_updates += 1
     return records
 
 

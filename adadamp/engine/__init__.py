@@ -1,0 +1,27 @@
+"""The training engine: what happens between ``fit`` and the workers, one concept per module.
+
+==================  =====================================================================
+module              what it decides
+==================  =====================================================================
+``sampler``         which examples each update uses: the training clock (:class:`LoopState`)
+                    and one seeded permutation per data epoch
+``placement``       which worker holds which block of examples (pure ``plan_moves``)
+``data``            where the blocks come from (in-memory arrays today)
+``membership``      which workers take part; setting up joiners, leaving out failures;
+                    asking the cluster for more or fewer workers
+``transport``       how one round of requests reaches the workers and comes back
+                    (the fit's TCP channel, shared memory, Dask RPCs)
+``aggregation``     where the workers' gradients are summed (rank order, in place)
+``parameter_server``  the backend: one synchronous update at a time, the client steps
+==================  =====================================================================
+
+The batch size, learning-rate factor and momentum of each update come from the damper
+(:mod:`adadamp.dampers`); how many workers a batch size calls for from the cluster policy
+(:mod:`adadamp.cluster`).  The records passed between these parts are in :mod:`adadamp.records`.
+This package talks to Dask and PyTorch; it knows nothing about scikit-learn.
+"""
+
+from .parameter_server import ParameterServer
+from .sampler import LoopState, Sampler
+
+__all__ = ["LoopState", "ParameterServer", "Sampler"]

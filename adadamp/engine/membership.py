@@ -1,0 +1,289 @@
+"""The workers of one fit: who is live, who is set up, who is left out, and asking the cluster
+for more or fewer.
+
+Each look at the scheduler's worker list (at most every ``MEMBERSHIP_INTERVAL``, or at once when
+a worker is lost) drops the workers that left, sets up the ones that joined (in the background
+while training runs elsewhere) and hands the new worker list to ``place`` (the engine moves the
+data blocks).  Workers whose set-up keeps failing, or that hang, are left out of the fit.  The
+cluster is scaled to the number of workers the batch size calls for (:mod:`adadamp.cluster` has
+the policy and the Dask calls).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+
+from distributed import Client
+
+from .. import cluster as cl
+from ..exceptions import NoWorkersError, SchedulerLostError
+from .transport import LOST, Transport
+
+logger = logging.getLogger(__name__)
+
+MEMBERSHIP_INTERVAL = 0.5  # seconds between looks at the scheduler's worker list
+HEAL_INTERVAL = 5.0  # seconds a shortfall of workers lasts before they are asked for again
+SETUP_TRIES = 3  # failed set-ups after which a worker is left out of the fit
+
+
+class Membership:
+    """The worker list of one fit, in rank order (the order of joining).
+
+    ``setup(worker)`` gives the keyword arguments of a worker's set-up RPC; ``place(workers)``
+    moves the data to a new worker list and returns ``{worker: error}`` for those that could
+    not take their blocks; ``n_updates()`` is for messages.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        policy: cl.ClusterPolicy,
+        transport: Transport,
+        *,
+        setup: Callable[[str], dict],
+        place: Callable[[list[str]], dict],
+        n_updates: Callable[[], int],
+    ):
+        self.client = client
+        self.policy = policy
+        self.transport = transport
+        self._setup = setup
+        self._place = place
+        self._n_updates = n_updates
+        self.workers: list[str] = []
+        self.set_up: set[str] = set()  # workers that may hold this fit's state (released at the end)
+        self.requested: int | None = None
+        self._last_refresh = -math.inf
+        self._known: set[str] | None = None  # live workers at the last full look
+        self._latest: dict | BaseException | None = None  # the watcher's latest report
+        self._pending: tuple[list[str], object] | None = None  # joiners being set up in the background
+        self._strikes: dict[str, int] = {}  # failed set-ups per worker; SETUP_TRIES: left out (quarantined)
+        self._errors: dict[str, BaseException] = {}  # each worker's last failure, for the error message
+        self._waited_for = 0
+        self._live_names: set[str] = set()
+        self._gone_names: set[str] = set()
+        self._short_since = math.inf  # when fewer workers than requested were first seen
+        self._last_heal = -math.inf
+
+    def watch(self):
+        """Start watching the scheduler's worker list; returns the watcher (cancel it to stop)."""
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(
+            cl.watch_workers(self.client, MEMBERSHIP_INTERVAL, self._report), self.client.loop.asyncio_loop
+        )
+
+    def _report(self, latest: dict | BaseException) -> None:
+        """The watcher's callback (client event loop)."""
+        self._latest = latest
+
+    # ------------------------------------------------------------------ looking
+    def refresh(self, force: bool = False, lost: tuple[str, ...] = ()) -> None:
+        """Drop lost workers, set up new ones, and place the data on the new list.
+
+        Terminates: each pass returns, waits for a first worker (bounded by
+        ``worker_timeout``, then :class:`NoWorkersError`) or strikes the workers that
+        could not take their data (``SETUP_TRIES`` strikes leave a worker out).
+        """
+        while True:
+            new = self._look(force, lost)
+            if new is None:
+                return
+            if not new:
+                self.workers = []
+                self._wait_for_workers()
+                force, lost = True, ()
+                continue
+            if new == self.workers:
+                return
+            lost = self._change_to(new)
+            if not lost:
+                return
+            force = True
+
+    def _look(self, force: bool, lost: tuple[str, ...]) -> list[str] | None:
+        """The worker list after this look (None: nothing to look at yet)."""
+        now = time.monotonic()
+        set_up = self._pending is not None and self._pending[1].done()  # joiners ready: take them now
+        if not force and not lost and not set_up:
+            if now - self._last_refresh < MEMBERSHIP_INTERVAL:
+                return None
+            latest = self._latest
+            if isinstance(latest, dict) and set(latest) == self._known:
+                self._last_refresh = now
+                return None  # nothing changed; lost workers show up on their channel or RPC at once
+        self._last_refresh = now
+        try:
+            live = cl.live_workers(self.client)
+        except LOST as err:
+            raise SchedulerLostError(
+                f"The Dask scheduler is unreachable ({err!r}) after {self._n_updates()} model updates. "
+                "A scheduler cannot be replaced during a fit: the estimator keeps the last good weights; "
+                "start a new cluster and resume with checkpoint=... (or warm_start=True)."
+            ) from err
+        survivors = [w for w in self.workers if w in live and w not in lost]
+        for w in set(self.workers) - set(survivors):
+            self.transport.forget(w)
+        pending = self._pending[0] if self._pending else []
+        joined = sorted(
+            w for w in live if w not in self.workers and w not in lost and w not in pending and not self.quarantined(w)
+        )
+        # While training runs on other workers, joiners are set up in the background and take part
+        # from the first look after their set-up is done (a slow set-up never stalls an update).
+        background = not force and not lost and bool(survivors)
+        ready, failed = [], []
+        if self._pending and (self._pending[1].done() or not background):
+            started, future = self._pending
+            self._pending = None
+            ready, failed = self._finish_setup(started, future.result())
+        if joined:
+            calls = self._setup_calls(joined)
+            if background:
+                self._pending = (joined, self.transport.call_all_later(calls))
+                joined = []
+            else:
+                ok, bad = self._finish_setup(joined, self.transport.call_all(calls))
+                joined, failed = ok, failed + bad
+        for w in [w for w in ready if w not in live or w in lost]:  # set up, but gone meanwhile
+            self.transport.forget(w)
+        joined = sorted({*joined, *(w for w in ready if w in live and w not in lost)})
+        # Look again at the next interval if anyone was left out; else only when the membership changes.
+        self._known = None if lost or failed or self._pending else set(live)
+        names = {str(info.get("name")) for a, info in live.items() if a not in lost}
+        self._gone_names = (self._gone_names | self._live_names) - names
+        self._live_names = names
+        new = survivors + joined
+        if not new:
+            candidates = [w for w in live if w not in lost]
+            if candidates and all(self.quarantined(w) for w in candidates):
+                errors = "; ".join(f"{w}: {self._errors.get(w)!r}" for w in candidates)
+                raise NoWorkersError(
+                    f"No worker could take part in the fit: each failed {SETUP_TRIES} set-ups or hung "
+                    f"past update_timeout={self.policy.update_timeout} s ({errors}). The estimator keeps "
+                    "its last good state; fix the workers (see their logs) and fit again."
+                )
+        return new
+
+    def _change_to(self, new: list[str]) -> tuple[str, ...]:
+        """Place the data on ``new``; returns the workers that could not take their blocks."""
+        failed = self._place(new)
+        for w, err in failed.items():
+            self.strike(w, err)
+        self.workers = new
+        return tuple(failed)
+
+    # ------------------------------------------------------------------ set-up
+    def _setup_calls(self, workers: list[str]) -> list[tuple[str, str, dict]]:
+        self.set_up.update(workers)
+        return [(w, "adadamp_setup", self._setup(w)) for w in workers]
+
+    def _finish_setup(self, workers: list[str], replies: list) -> tuple[list[str], list[str]]:
+        """Connect the workers whose set-up succeeded; returns (ready, failed)."""
+        shared = self.transport.shared
+        for w, r in zip(workers, replies):
+            if shared is not None and (isinstance(r, BaseException) or not r.get("shared")):
+                shared.drop(w)  # another host: weights and gradients go over TCP
+            if isinstance(r, BaseException):
+                if not isinstance(r, LOST):
+                    raise r
+                self.strike(w, r)
+                logger.warning("worker %s could not be set up (%r); ignoring it for now", w, r)
+            elif r.get("channel"):
+                self.transport.connect(w, r["channel"])
+        failed = [w for w, r in zip(workers, replies) if isinstance(r, BaseException)]
+        return [w for w in workers if w not in failed], failed
+
+    def strike(self, worker: str, error: BaseException, *, out: bool = False) -> None:
+        """Count a failed set-up (``out``: a hang; leave the worker out of this fit at once)."""
+        self._strikes[worker] = SETUP_TRIES if out else self._strikes.get(worker, 0) + 1
+        self._errors[worker] = error
+        if self.quarantined(worker):
+            logger.warning("leaving worker %s out of this fit (%r)", worker, error)
+
+    def quarantined(self, worker: str) -> bool:
+        return self._strikes.get(worker, 0) >= SETUP_TRIES
+
+    def release(self) -> None:
+        """Close the channels and drop the fit's state on every worker that has it."""
+        if self._pending is not None:  # let background set-ups finish, so that what they built is released
+            with contextlib.suppress(Exception):
+                self._pending[1].result(timeout=self.policy.update_timeout)
+            self._pending = None
+        self.transport.close()
+        reachable = [w for w in self.set_up if not self.quarantined(w)]  # a hung one drops it when it wakes
+        with contextlib.suppress(Exception):
+            self.transport.call_all(
+                [(w, "adadamp_release", {"fit_id": self.transport.fit_id}) for w in reachable], timeout=5.0
+            )
+        self.set_up.clear()
+
+    # ------------------------------------------------------------------ cluster size
+    def _wait_for_workers(self) -> None:
+        timeout = self.policy.worker_timeout
+        logger.warning("no live worker; waiting up to %.0f s for one", timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.policy.scale:
+                self.heal(force=True)
+            left = deadline - time.monotonic()
+            try:
+                self.client.wait_for_workers(1, timeout=max(0.1, min(HEAL_INTERVAL, left)))
+                return
+            except TimeoutError as err:
+                if left <= HEAL_INTERVAL:
+                    raise NoWorkersError(
+                        f"All Dask workers are gone and none joined within worker_timeout={timeout} s "
+                        f"(after {self._n_updates()} model updates). The estimator keeps the last good "
+                        "weights; add workers to the cluster and call fit again with warm_start=True."
+                    ) from err
+
+    def heal(self, force: bool = False) -> None:
+        """Ask again for workers the cluster lost (preempted jobs, worker lifetimes)."""
+        now = time.monotonic()
+        if not force and (now - self._short_since < HEAL_INTERVAL or now - self._last_heal < HEAL_INTERVAL):
+            return
+        self._last_heal = now
+        logger.info("%d of %d workers alive; asking the cluster again", len(self.workers), self.requested or 1)
+        cl.heal(self.client, max(1, self.requested or 1), gone=self._gone_names)
+
+    def scale_for(self, batch_size: int, ahead: int) -> None:
+        """Size the cluster for ``max(batch_size, ahead)``, wait (bounded, once) for what
+        ``batch_size`` needs, and ask again for workers that stay missing."""
+        self.scale_to(self.policy.wanted(max(batch_size, ahead)))
+        self._wait_for_growth(self.policy.wanted(batch_size))
+        if len(self.workers) < (self.requested or 0):
+            self._short_since = min(self._short_since, time.monotonic())
+            self.heal()
+        else:
+            self._short_since = math.inf
+
+    def scale_to(self, n: int) -> None:
+        if n == self.requested:
+            return
+        live = list(self.workers) or list(cl.live_workers(self.client))
+        if n < len(live) and self.workers:
+            victims = self.workers[n:]
+            lost = self._change_to(self.workers[:n])
+            if lost:
+                self.refresh(force=True, lost=lost)
+            cl.retire(self.client, victims, n)
+        elif n > len(live) and not cl.request_workers(self.client, n):
+            logger.warning("the Dask client has no cluster to scale; using the workers it has")
+            self.policy = dataclasses.replace(self.policy, scale=False)
+            return
+        logger.info("asked the cluster for %d workers (%d live)", n, len(live))
+        self.requested = n
+
+    def _wait_for_growth(self, wanted: int) -> None:
+        """When the batch outgrows the cluster, wait (bounded, once) for the workers asked for."""
+        if len(self.workers) >= wanted or self._waited_for >= wanted:
+            return
+        self._waited_for = wanted
+        with contextlib.suppress(TimeoutError):
+            self.client.wait_for_workers(wanted, timeout=self.policy.scale_wait)
+        self.refresh(force=True)

@@ -1,0 +1,352 @@
+"""The parameter-server backend: the client holds the weights and steps; workers compute gradients.
+
+Each update (DESIGN.md §2-§3):
+
+1. the damper names the batch size; :mod:`~adadamp.engine.sampler` draws that many example
+   indices from one seeded permutation per data epoch (the trajectory does not depend on how
+   many workers there are, elastic-anchors §4.6);
+2. :mod:`~adadamp.engine.placement` routes the indices to the workers holding those examples,
+   and :mod:`~adadamp.engine.transport` sends each worker the weights and its indices in one
+   message;
+3. each worker returns the gradient SUM over its examples (plus the example count, the loss sum
+   and the statistics the damper asked for);
+4. :mod:`~adadamp.engine.aggregation` sums in rank order; the client divides once, asks the
+   damper for the learning-rate factor and momentum, and steps.
+
+A worker that dies or times out loses only its share of one update: its data blocks are placed
+again from the data source and its share is recomputed on the survivors (dask-engine.md §4.2).
+This module talks to Dask; it knows nothing about scikit-learn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+import uuid
+from typing import Self
+
+import cloudpickle
+import dask
+import numpy as np
+import torch
+from distributed import Client
+from distributed.protocol import to_serialize
+
+from .. import cluster as cl
+from .. import shm
+from .._worker import TrainerPlugin, bind_parameters, flatten_parameters, float_buffers
+from ..channel import tcp_host
+from ..dampers import BaseDamper, GradStats
+from ..exceptions import ConvergenceError, NoWorkersError
+from ..optimizer_plan import apply_plan
+from ..records import UpdateRecord, epoch_row
+from ..shm import SharedBuffers
+from .aggregation import GradientSum, Totals
+from .data import ArrayData
+from .membership import Membership
+from .placement import Placement, plan_moves
+from .sampler import LoopState, Sampler
+from .transport import LOST, Transport, channels_enabled
+
+logger = logging.getLogger(__name__)
+
+#: Rounds in a row in which some share of one update is lost before the update is given up: each
+#: round drops the lost workers, so this many means the workers keep dying as fast as they come.
+MAX_RECOMPUTES = 10
+
+
+def dropout_seed(seed: int, n_updates: int, rank: int) -> int:
+    """The random seed of rank ``rank``'s share of update ``n_updates`` (dropout masks)."""
+    return (seed * 1_000_003 + n_updates * 7919 + rank) % 2**63
+
+
+class ParameterServer:
+    """Trains ``module`` on ``X, y`` held by the workers of ``client``.
+
+    One instance lives for one ``fit``/``partial_fit`` call; everything that must outlive the
+    call (module, optimizer, damper, :class:`LoopState`) belongs to the caller and is only
+    borrowed here.  Use it as a context manager: entering acquires the workers, the shared
+    memory and the channels, leaving releases them whatever happened.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        module: torch.nn.Module,
+        criterion: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        damper: BaseDamper,
+        loop: LoopState,
+        X: np.ndarray,
+        y: np.ndarray,
+        policy: cl.ClusterPolicy,
+        device: str = "cpu",
+        n_blocks: int = 256,
+    ):
+        self.client = client
+        self.module = module
+        self.criterion = criterion
+        self.optimizer = optimizer
+        self.damper = damper
+        self.loop = loop
+        self.data = ArrayData(X, y)
+        self.sampler = Sampler(loop)
+        self.placement = Placement(len(X), n_blocks)
+        self._policy = policy
+        self.device = device
+        self.fit_id = f"adadamp-{uuid.uuid4().hex}"
+        for group in optimizer.param_groups:
+            group.setdefault("adadamp_base_lr", group["lr"])
+            group.pop("adadamp_scheduled_lr", None)  # set by an LRScheduler callback of this fit, if any
+
+    @property
+    def workers(self) -> list[str]:
+        return self.members.workers
+
+    @property
+    def policy(self) -> cl.ClusterPolicy:
+        return self.members.policy
+
+    # ------------------------------------------------------------------ set-up
+    def __enter__(self) -> Self:
+        """Acquire everything the fit needs; on any failure release what was acquired, then raise."""
+        self._stack = contextlib.ExitStack()
+        try:
+            self._acquire(self._stack)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _acquire(self, stack: contextlib.ExitStack) -> None:
+        """Each resource is registered for release as soon as it is held (last in, first out)."""
+        self._payload = cloudpickle.dumps((self.module, self.criterion, self.device))
+        self.flat, self.grads = flatten_parameters(self.module)
+        self._buffers = float_buffers(self.module)
+        self._shared = SharedBuffers.create(self.flat.numel(), dask.config.get("adadamp.shm-dir", shm.DEFAULT_DIR))
+        if self._shared is not None:  # workers on this host read the weights in place
+            stack.callback(self._shared.close)
+            self.flat, _ = bind_parameters(self.module, torch.from_numpy(self._shared.weights), self.grads)
+        stack.callback(self._own_storage)
+        self.flat_np = self.flat.numpy()
+        self.grads_np = self.grads.numpy()
+        # The weights before the last two steps: ``_backups[_current]`` is filled during
+        # this update's round, the other one holds the last weights with a finite loss.
+        self._backups, self._current = [self.flat.clone(), self.flat.clone()], 0
+        transport = Transport(
+            self.client,
+            self.fit_id,
+            self._shared,
+            self._policy.update_timeout,
+            n_weights=self.flat.numel(),
+            n_buffers=sum(b.numel() for b in self._buffers),
+        )
+        self.members = Membership(
+            self.client, self._policy, transport, setup=self._setup_kwargs, place=self._place,
+            n_updates=lambda: self.loop.n_updates,
+        )
+        self.transport = transport
+        self.client.register_plugin(TrainerPlugin(), name=TrainerPlugin.name)
+        stack.callback(self.members.release)
+        watcher = self.members.watch()
+        stack.callback(watcher.cancel)
+        self.members.refresh(force=True)
+        if self._shared is not None and self._shared.gradients:
+            # Workers share this machine: the client's intra-op threads would only compete with
+            # them (OpenMP threads spin after every parallel region), so step single-threaded.
+            stack.callback(torch.set_num_threads, torch.get_num_threads())
+            torch.set_num_threads(1)
+        if self.policy.scale and self.damper.follows_workers:
+            self.members.policy = dataclasses.replace(self.policy, scale=False)  # B follows W: never size W from B
+        if self.policy.scale:
+            batch = self.damper.forecast_batch_size(self.loop.epoch) or self.damper.next_batch_size(
+                self.loop.train_state(len(self.workers))
+            )
+            self.members.scale_to(self.policy.wanted(int(batch)))
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def _own_storage(self) -> None:
+        """Give the parameters their own storage again, so the module pickles compactly and
+        outlives the flat (possibly shared-memory) buffer."""
+        for p in self.module.parameters():
+            p.data = p.data.clone()
+            p.grad = None
+
+    def _setup_kwargs(self, worker: str) -> dict:
+        """A worker's set-up RPC: the module and criterion, and its shared-memory offer (made now)."""
+        kwargs = {"fit_id": self.fit_id, "payload": self._payload, "n_total": len(self.data)}
+        kwargs["channel"] = channels_enabled() and tcp_host(worker) is not None
+        if self._shared is not None:
+            kwargs["shared"] = self._shared.offer(worker)
+        return kwargs
+
+    def _place(self, new_workers: list[str]) -> dict[str, BaseException]:
+        """Give every worker a fair share of the data blocks, moving as few as possible.
+
+        Returns the workers that were lost while taking their blocks (other errors raise).
+        """
+        owner, add, drop = plan_moves(self.placement.names(self.workers), new_workers)
+        calls = []
+        for w in new_workers:
+            blocks = [(b, *self.data.rows(self.placement.rows(b))) for b in add[w]]
+            if blocks or drop[w]:
+                calls.append((w, "adadamp_data", {"fit_id": self.fit_id, "add": to_serialize(blocks), "drop": drop[w]}))
+        replies = self.transport.call_all(calls, timeout=max(60.0, self.policy.update_timeout))
+        failed = {}
+        for (w, _, _), r in zip(calls, replies):
+            if isinstance(r, BaseException) and not isinstance(r, LOST):
+                raise r
+            if isinstance(r, BaseException):
+                failed[w] = r
+        self.placement.assign(owner, new_workers)
+        sizes = sorted(int(c) for c in np.bincount(self.placement.owner, minlength=len(new_workers)))
+        logger.info("workers: %d, blocks per worker: %s", len(new_workers), sizes)
+        return failed
+
+    # ------------------------------------------------------------------ training
+    def _gradients(self, idx: np.ndarray, n_chunks: int) -> Totals:
+        """Sum the workers' gradients over ``idx`` into ``self.grads_np``, recomputing lost shares.
+
+        Each reply is added as soon as it and the replies before it are in, and the weights
+        are backed up once the first reply is in: both then overlap the slower workers'
+        compute, on a core the first worker has just freed.
+        """
+        summed = GradientSum(self.grads_np, self._shared)
+        backed_up = False
+
+        def add(w: str, r) -> None:
+            nonlocal backed_up
+            summed.add(w, r)
+            if not backed_up:  # these weights, in case the next update's loss is not finite
+                self._backups[self._current].copy_(self.flat)
+                backed_up = True
+
+        todo = [idx]
+        for _round in range(1 + MAX_RECOMPUTES):
+            if not self.workers:
+                self.members.refresh(force=True)
+            requests = [
+                (self.workers[k], dropout_seed(self.loop.seed, self.loop.n_updates, k), sub)
+                for k, sub in self.placement.shares(todo, len(self.workers))
+            ]
+            replies, send_time = self.transport.round(requests, n_chunks, self.flat_np, on_reply=add)
+            summed.totals.send += send_time
+            todo, lost = [], []
+            for (w, _, sub), r in zip(requests, replies):
+                if isinstance(r, LOST):
+                    lost.append(w)
+                    todo.append(sub)
+                    if isinstance(r, asyncio.TimeoutError | TimeoutError):  # alive but hung (or far too slow)
+                        self.members.strike(w, r, out=True)
+                elif isinstance(r, BaseException):
+                    raise r
+            if not todo:
+                return summed.totals
+            logger.warning("lost worker(s) %s during update %d; recomputing their share", lost, self.loop.n_updates)
+            self.members.refresh(force=True, lost=tuple(lost))
+        raise NoWorkersError(
+            f"update {self.loop.n_updates} lost a share in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
+        )
+
+    def update(self) -> dict:
+        """One model update; returns its record for the history."""
+        t_start = time.perf_counter()
+        self.members.refresh()
+        state = self.loop.train_state(len(self.workers))
+        batch_size = int(self.damper.next_batch_size(state))
+        if batch_size < 1:
+            raise ValueError(f"{type(self.damper).__name__} asked for batch size {batch_size}; it must be >= 1.")
+        if self.policy.scale:
+            ahead = self.damper.forecast_batch_size(state.epoch + self.policy.prescale_epochs) or 0
+            self.members.scale_for(batch_size, ahead)
+        idx = self.sampler.take(batch_size)
+        n_chunks = 2 if self.damper.needs_grad_stats else 1
+        t_sent = time.perf_counter()
+        total = self._gradients(idx, n_chunks)
+        t_back = time.perf_counter()
+
+        n = total.n
+        weight = total.weight  # = n unless the criterion's mean is class-weighted
+        loss = total.loss_sum / weight
+        if total.buffers is not None:
+            self._set_buffers(total.buffers / n)
+        with np.errstate(invalid="ignore", over="ignore"):
+            self.grads_np *= 1.0 / weight
+        if not math.isfinite(loss) or not np.isfinite(self.grads_np).all():
+            self.flat.copy_(self._backups[1 - self._current])
+            raise ConvergenceError(
+                f"Non-finite training loss ({loss}) at model update {self.loop.n_updates} with batch "
+                f"size {len(idx)}. The estimator keeps the last finite weights; lower the learning "
+                "rate (optimizer__lr) or the batch-size growth."
+            )
+        stats = None
+        if self.damper.needs_grad_stats:
+            g64 = self.grads_np.astype(np.float64)
+            if weight != n:  # the statistics are per example: the mean of the workers' sums
+                g64 *= weight / n
+            stats = GradStats(
+                n_samples=int(n),
+                grad_sq_norm=float(g64 @ g64),
+                chunk_sq_norm_sum=float(total.chunk_sq_norm_sum),
+                n_chunks=int(total.n_chunks),
+            )
+        plan = self.damper.plan_update(state, int(n), stats)
+        t_agg = time.perf_counter()
+
+        self._current = 1 - self._current
+        lr = apply_plan(self.optimizer, plan)
+        self.optimizer.step()
+        t_step = time.perf_counter()
+
+        lp = self.loop
+        lp.n_updates += 1
+        lp.n_samples_seen += int(n)
+        lp.progress += float(n if plan.progress is None else plan.progress)
+        lp.last_loss = loss
+        round_trip = t_back - t_sent
+        return UpdateRecord(
+            batch_size=int(n),
+            lr=lr,
+            n_workers=len(self.workers),
+            loss=loss,
+            compute_time=total.compute,
+            comm_time=max(0.0, round_trip - total.compute),
+            send_time=total.send,
+            aggregate_time=t_agg - t_back,
+            step_time=t_step - t_agg,
+            update_time=t_step - t_start,
+        ).row()
+
+    def _set_buffers(self, values: np.ndarray) -> None:
+        """The module's BatchNorm-style statistics: the workers' example-weighted mean (algorithms.md P17)."""
+        offset = 0
+        with torch.no_grad():
+            for b in self._buffers:
+                b.copy_(torch.from_numpy(values[offset : offset + b.numel()]).view_as(b))
+                offset += b.numel()
+
+    def run_epoch(self, updates: list | None = None, on_update=None) -> dict:
+        """Updates until the epoch clock passes the next whole epoch.
+
+        ``updates`` holds the records of this epoch's earlier updates when
+        resuming mid-epoch; ``on_update(updates)`` runs after every update.
+        """
+        start = time.perf_counter()
+        lp = self.loop
+        target = lp.epoch_end()
+        updates = list(updates or [])
+        earlier = sum(u["update_time"] for u in updates)
+        while lp.in_epoch(target):
+            updates.append(self.update())
+            if on_update is not None:
+                on_update(updates)
+        return epoch_row(
+            round(target / lp.n_data), updates, lp.n_updates, lp.n_samples_seen, earlier + time.perf_counter() - start
+        )

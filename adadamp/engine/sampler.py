@@ -1,0 +1,100 @@
+"""Which examples each update uses: the training clock and one seeded permutation per data epoch.
+
+The trajectory must not depend on how many workers there are, or which: so the indices of an
+update come from a permutation seeded by ``(seed, data_epoch)`` alone (elastic-anchors §4.6),
+and only afterwards are they routed to whoever holds those examples
+(:mod:`adadamp.engine.placement`).  Pure; no Dask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from ..dampers import TrainState
+
+
+@dataclasses.dataclass
+class LoopState:
+    """The training clock and the sampler position (picklable, checkpointed).
+
+    ``progress`` is the one epoch clock in examples: data examples, unless the
+    damper reports another progress per update (AdaScale).
+
+    Examples
+    --------
+    >>> loop = LoopState(seed=0, n_data=10)
+    >>> sorted(loop.permutation().tolist()) == list(range(10))
+    True
+    """
+
+    seed: int
+    n_data: int
+    n_updates: int = 0
+    n_samples_seen: int = 0
+    progress: float = 0.0
+    data_epoch: int = 0
+    position: int = 0
+    last_loss: float | None = None
+
+    @property
+    def epoch(self) -> float:
+        return self.progress / self.n_data
+
+    def epoch_end(self) -> float:
+        """Where the current epoch ends on the clock, in examples (an epoch runs while ``progress`` is below)."""
+        return (math.floor(self.epoch + 1e-9) + 1) * self.n_data
+
+    def in_epoch(self, end: float) -> bool:
+        """Whether another update belongs to the epoch ending at ``end`` (rounding of the clock absorbed)."""
+        return self.progress < end - 1e-6
+
+    def permutation(self) -> np.ndarray:
+        return np.random.default_rng([self.seed, self.data_epoch]).permutation(self.n_data)
+
+    def train_state(self, n_workers: int) -> TrainState:
+        """What a damper sees before the next update."""
+        return TrainState(
+            self.n_updates, self.n_samples_seen, self.epoch, self.n_data, max(1, n_workers), loss=self.last_loss
+        )
+
+
+class Sampler:
+    """Draws the next batch's example indices; a batch never straddles two data epochs.
+
+    Examples
+    --------
+    >>> loop = LoopState(seed=0, n_data=5)
+    >>> s = Sampler(loop)
+    >>> [len(s.take(2)) for _ in range(4)], loop.data_epoch
+    ([2, 2, 1, 2], 1)
+    """
+
+    def __init__(self, loop: LoopState):
+        self.loop = loop
+        self._perm: np.ndarray | None = None
+        self._perm_epoch: int | None = None
+
+    def take(self, batch_size: int) -> np.ndarray:
+        """The example indices of the next batch (at most ``batch_size``, fewer at an epoch's end)."""
+        lp = self.loop
+        if lp.position == 0 or self._perm is None or self._perm_epoch != lp.data_epoch:
+            self._perm, self._perm_epoch = lp.permutation(), lp.data_epoch
+        perm = self._perm
+        span = self.advance(batch_size)
+        return perm[span.start : span.stop]
+
+    def advance(self, batch_size: int) -> range:
+        """Move past the next batch without drawing it: its positions in this data epoch's permutation.
+
+        The simulators count a schedule's updates with this, so their batches are the engine's.
+        """
+        lp = self.loop
+        span = range(lp.position, min(lp.position + batch_size, lp.n_data))
+        lp.position = span.stop
+        if lp.position >= lp.n_data:
+            lp.position = 0
+            lp.data_epoch += 1
+        return span

@@ -1,0 +1,154 @@
+"""How requests reach the workers and replies come back: one gradient round, RPC fan-out.
+
+``round(requests)`` sends each worker its share of an update and returns the replies in request
+order.  Behind it: the fit's own TCP channel (:mod:`adadamp.channel`) for ``tcp://`` workers,
+with the weights read from shared memory (:mod:`adadamp.shm`) by workers on the client's host,
+else a Dask RPC.  The set-up, data and release calls are Dask RPCs too, sent concurrently by
+:meth:`Transport.call_all`.  Lost workers come back as exceptions, never raised here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import dask
+import numpy as np
+from distributed import Client
+from distributed.comm.core import CommClosedError
+from distributed.protocol import to_serialize
+
+from ..channel import Channel, WorkerError, tcp_host
+from ..records import GradientReply
+from ..shm import SharedBuffers
+
+logger = logging.getLogger(__name__)
+
+#: What a lost or unreachable worker raises; its share of an update is recomputed elsewhere.
+LOST = (OSError, CommClosedError, asyncio.TimeoutError, TimeoutError, EOFError)
+
+
+def channels_enabled() -> bool:
+    """dask config ``adadamp.channels`` (default True); False sends every round as Dask RPCs
+    (a cluster whose firewall lets only Dask's own connections through)."""
+    return bool(dask.config.get("adadamp.channels", True))
+
+
+class Transport:
+    """The connections of one fit to its workers.
+
+    ``shared`` (or None) holds the weights the workers on this host read in place and the
+    gradients they write back; ``timeout`` bounds every round and RPC.
+    """
+
+    def __init__(
+        self, client: Client, fit_id: str, shared: SharedBuffers | None, timeout: float, n_weights: int, n_buffers: int
+    ):
+        self.client = client
+        self.fit_id = fit_id
+        self.shared = shared
+        self.timeout = timeout
+        self.n_weights = n_weights  # floats in the weights and in a gradient
+        self.n_buffers = n_buffers  # floats in the module's running statistics (BatchNorm)
+        self.channels: dict[str, Channel] = {}
+
+    # ------------------------------------------------------------------ RPCs
+    def call_all(self, calls: list[tuple[str, str, dict]], timeout: float | None = None) -> list:
+        """Run ``(address, op, kwargs)`` RPCs concurrently; exceptions are returned."""
+        if not calls:
+            return []
+        return self.client.sync(self.gather_calls, calls, timeout or self.timeout)
+
+    def call_all_later(self, calls: list[tuple[str, str, dict]]):
+        """Start :meth:`call_all` on the client's event loop; returns a concurrent future."""
+        return asyncio.run_coroutine_threadsafe(self.gather_calls(calls, self.timeout), self.client.loop.asyncio_loop)
+
+    async def gather_calls(self, calls, timeout):
+        async def one(address, op, kwargs):
+            try:
+                rpc = self.client.rpc(address)
+                reply = await asyncio.wait_for(getattr(rpc, op)(**kwargs), timeout)
+            except RuntimeError as err:  # the client's connection pool closed under us
+                if "closed" in str(err):
+                    raise CommClosedError(str(err)) from err
+                raise
+            if reply is None:  # the worker closed while answering
+                raise CommClosedError(f"{address} closed without answering {op}")
+            return reply
+
+        return await asyncio.gather(*(one(*c) for c in calls), return_exceptions=True)
+
+    # ------------------------------------------------------------------ channels
+    def connect(self, worker: str, offer: dict) -> None:
+        """Open the channel a worker offered at set-up (else its rounds go through Dask RPCs)."""
+        try:
+            self.channels[worker] = Channel(
+                tcp_host(worker),
+                offer["port"],
+                offer["token"],
+                self.n_weights,
+                timeout=self.timeout,
+                n_buffers=self.n_buffers,
+            )
+        except OSError as err:  # e.g. a firewall between client and worker: Dask RPCs still work
+            logger.warning("no direct channel to %s (%r); its gradients go through Dask RPCs", worker, err)
+
+    def forget(self, worker: str) -> None:
+        """Release what this fit holds for a worker that left (shared buffers, channel)."""
+        if self.shared is not None:
+            self.shared.drop(worker)
+        channel = self.channels.pop(worker, None)
+        if channel is not None:
+            channel.close()
+
+    def maps_weights(self, worker: str) -> bool:
+        """Whether ``worker`` reads the weights from shared memory (nothing to send)."""
+        return self.shared is not None and worker in self.shared.gradients
+
+    # ------------------------------------------------------------------ one round
+    def round(
+        self, requests: list[tuple[str, int, np.ndarray]], n_chunks: int, weights: np.ndarray, on_reply
+    ) -> tuple[list, float]:
+        """Send every ``(worker, seed, indices)`` request, then collect the replies in request order.
+
+        Returns the replies (:class:`GradientReply`, or the exception a worker's share ended
+        with) and the seconds spent writing the channel requests (with the weights, for
+        workers that do not map them).  Channel requests go out first, so the workers compute
+        while any Dask RPCs (workers without a channel) run.  ``on_reply(worker, reply)`` runs
+        for each good reply, in request order, as soon as that reply is in.
+        """
+        replies: list = [None] * len(requests)
+        start = time.perf_counter()
+        deadline = time.monotonic() + self.timeout
+        sent, rpc_calls, rpc_slots = set(), [], []
+        for i, (w, seed, sub) in enumerate(requests):
+            payload = None if self.maps_weights(w) else weights
+            channel = self.channels.get(w)
+            if channel is None:
+                kwargs = {"fit_id": self.fit_id, "indices": to_serialize(sub), "n_chunks": n_chunks, "seed": seed}
+                kwargs["weights"] = None if payload is None else to_serialize(payload)
+                rpc_calls.append((w, "adadamp_gradient", kwargs))
+                rpc_slots.append(i)
+                continue
+            try:
+                channel.send(sub, n_chunks, seed, payload)
+                sent.add(i)
+            except OSError as err:
+                replies[i] = err
+        send_time = time.perf_counter() - start
+        for i, r in zip(rpc_slots, self.call_all(rpc_calls)):
+            replies[i] = GradientReply(**r) if isinstance(r, dict) else r
+        for i, (w, _, _) in enumerate(requests):
+            if i in sent:
+                try:
+                    replies[i] = self.channels[w].receive(deadline)
+                except (WorkerError, *LOST) as err:
+                    replies[i] = err
+            if isinstance(replies[i], GradientReply):
+                on_reply(w, replies[i])
+        return replies, send_time
+
+    def close(self) -> None:
+        for w in list(self.channels):
+            self.forget(w)

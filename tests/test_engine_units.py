@@ -1,0 +1,80 @@
+"""The engine's pure parts, without Dask: the sampler, the block placement, the cluster policy and
+the records (each runs in milliseconds)."""
+
+import numpy as np
+import pytest
+
+from adadamp.cluster import ClusterPolicy
+from adadamp.engine.placement import Placement, plan_moves
+from adadamp.engine.sampler import LoopState, Sampler
+from adadamp.records import UpdateRecord, epoch_row
+
+
+def test_sampler_draws_one_permutation_per_data_epoch_without_straddling():
+    loop = LoopState(seed=3, n_data=10)
+    s = Sampler(loop)
+    batches = [s.take(4) for _ in range(6)]
+    assert [len(b) for b in batches] == [4, 4, 2, 4, 4, 2]  # the last batch of an epoch is short
+    first, second = np.concatenate(batches[:3]), np.concatenate(batches[3:])
+    assert sorted(first) == sorted(second) == list(range(10))  # every example once per epoch
+    assert first.tolist() == LoopState(seed=3, n_data=10).permutation().tolist()
+    assert second.tolist() == LoopState(seed=3, n_data=10, data_epoch=1).permutation().tolist()
+    assert not np.array_equal(first, second)
+    assert (loop.data_epoch, loop.position) == (2, 0)
+
+
+def test_sampler_resumes_mid_epoch_from_the_loop_state():
+    loop = LoopState(seed=0, n_data=9)
+    whole = Sampler(loop)
+    whole.take(3)
+    b, c = whole.take(3), whole.take(3)
+    resumed = Sampler(LoopState(seed=0, n_data=9, position=3))  # a checkpoint after the first batch
+    assert np.array_equal(resumed.take(3), b) and np.array_equal(resumed.take(3), c)
+
+
+@pytest.mark.parametrize("n_blocks", [1, 7, 256])
+def test_plan_moves_balances_and_moves_as_little_as_possible(n_blocks):
+    old = [None] * n_blocks
+    owner, add, drop = plan_moves(old, ["a", "b", "c"])
+    counts = [owner.count(w) for w in "abc"]
+    assert max(counts) - min(counts) <= 1 and sum(counts) == n_blocks
+    assert sum(len(v) for v in add.values()) == n_blocks and not any(drop.values())
+    # one worker joins: only the blocks it takes move; the others keep theirs
+    owner2, add2, drop2 = plan_moves(owner, ["a", "b", "c", "d"])
+    moved = [b for b in range(n_blocks) if owner[b] != owner2[b]]
+    assert sorted(add2["d"]) == moved and all(owner2[b] == "d" for b in moved)
+    assert len(moved) == owner2.count("d") == n_blocks // 4 + (3 < n_blocks % 4)
+    assert sorted(b for w in "abc" for b in drop2[w]) == moved
+    # one leaves: its blocks go to the survivors, nobody else's move
+    owner3, _, _ = plan_moves(owner2, ["a", "c", "d"])
+    assert [b for b in range(n_blocks) if owner2[b] != owner3[b]] == [b for b in range(n_blocks) if owner2[b] == "b"]
+
+
+def test_placement_routes_indices_to_the_ranks_holding_them():
+    p = Placement(100, n_blocks=10)
+    owner, _, _ = plan_moves(p.names([]), ["w0", "w1", "w2"])
+    p.assign(owner, ["w0", "w1", "w2"])
+    idx = np.random.default_rng(0).permutation(100)[:40]
+    shares = p.shares([idx], 3)
+    assert sorted(np.concatenate([s for _, s in shares]).tolist()) == sorted(idx.tolist())
+    for rank, sub in shares:
+        assert all(p.owner[i // p.block_size] == rank for i in sub)
+        assert sub.tolist() == [i for i in idx.tolist() if p.owner[i // p.block_size] == rank]  # order kept
+
+
+@pytest.mark.parametrize(
+    ("batch", "expected"),
+    [(1, 1), (128, 1), (129, 2), (1000, 8), (10_000, 16)],
+)
+def test_cluster_policy_clips_the_workers_a_batch_calls_for(batch, expected):
+    assert ClusterPolicy(grads_per_worker=128, min_workers=1, max_workers=16).wanted(batch) == expected
+
+
+def test_records_make_the_history_rows():
+    rec = UpdateRecord(8, 0.1, 2, 0.5, 0.01, 0.002, 0.001, 0.0005, 0.0003, 0.02)
+    row = rec.row()
+    assert list(row) == ["batch_size", "lr", "n_workers", "loss", "compute_time", "comm_time", "send_time",
+                         "aggregate_time", "step_time", "update_time"]
+    epoch = epoch_row(3, [row, {**row, "batch_size": 2, "loss": 1.0}], n_updates=12, n_samples_seen=40, dur=1.5)
+    assert epoch["train_loss"] == pytest.approx((0.5 * 8 + 1.0 * 2) / 10)
+    assert (epoch["epoch"], epoch["batch_size"], epoch["n_updates"]) == (3, 8, 12)
