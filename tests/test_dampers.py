@@ -859,19 +859,31 @@ def test_cap_is_within_initial_and_data_set_size():
     assert d.plan_update(s, 100, None).lr_factor == pytest.approx(100 / 256)
 
 
-def test_adaptive_dampers_observe_each_update_once():
-    """The engine may call next_batch_size twice for one update (cluster sizing)."""
-    for make in (lambda: AdaDamp(initial=4, rho=0.5), lambda: RadaDamp(initial=4, wait=2, rho=0.5)):
-        once, twice = make().reset(1000), make().reset(1000)
-        for t in range(8):
-            s = state(t, loss=None if t == 0 else 3.0 / (t + 1))
-            b1 = once.next_batch_size(s)
-            twice.next_batch_size(s)
-            b2 = twice.next_batch_size(s)
-            assert b1 == b2
-            stats = GradStats(b1, 4.0 / (t + 1), 0.0, 0)
-            assert once.plan_update(s, b1, stats) == twice.plan_update(s, b2, stats)
-        assert b1 > 4
+class CountingPadaDamp(PadaDamp):
+    """Records the update of every next_batch_size call."""
+
+    def next_batch_size(self, state):
+        self.asked_.append(state.n_updates)
+        return super().next_batch_size(state)
+
+    def reset(self, n_data):
+        self.asked_ = []
+        return super().reset(n_data)
+
+
+def test_the_engine_asks_for_each_batch_once(client):
+    """The cluster is sized from forecast_batch_size; next_batch_size (which adaptive dampers
+    observe the state in) runs exactly once per update, also when the engine scales the cluster."""
+    from adadamp import DaskRegressor
+
+    X = np.random.default_rng(0).normal(size=(96, 3)).astype(np.float32)
+    y = X.sum(1)
+    est = DaskRegressor(
+        batch_size=CountingPadaDamp(initial=8, rate=1.0), max_epochs=2, random_state=0,
+        scale_cluster=True, grads_per_worker=1, max_workers=2,  # wants the 2 workers the cluster has
+    ).fit(X, y)
+    assert est.damper_.asked_ == list(range(est.meta_["n_updates"]))
+    assert AdaDamp().stats_level() is None and RadaDamp().stats_level() == "norm"
 
 
 def test_adascale_gain_does_not_depend_on_the_losss_scale():

@@ -162,3 +162,23 @@ def test_a_rebuilt_adascale_continues_its_lr_schedule(client):
 
 def _halving(t):
     return 0.5 ** (t // 16)
+
+
+def test_radadamp_gets_the_norm_without_the_workers_extra_backward(client, monkeypatch):
+    """RadaDamp reads only ||g||^2, which the client computes from the summed gradient: the workers
+    are asked for one chunk (no second backward pass); AdaScale's per-chunk sums still get two."""
+    from adadamp.engine.transport import Transport
+
+    asked = []
+    original = Transport.round
+    monkeypatch.setattr(Transport, "round", lambda self, req, n_chunks, *a, **k: asked.append(n_chunks)
+                        or original(self, req, n_chunks, *a, **k))
+    X, y = make_regression(n_samples=128, n_features=6, noise=1.0, random_state=0)
+    X, y = X.astype(np.float32), (y / y.std()).astype(np.float32)
+    est = DaskRegressor(batch_size=RadaDamp(initial=8, wait=2), optimizer=torch.optim.SGD, max_epochs=2,
+                        random_state=0).fit(X, y)
+    assert set(asked) == {1} and est.damper_.initial_loss_ is not None  # statistics arrived all the same
+    asked.clear()
+    DaskRegressor(batch_size=AdaScale(batch_size=32, base_batch_size=8), optimizer=torch.optim.SGD, max_epochs=1,
+                  random_state=0).fit(X, y)
+    assert set(asked) == {2}

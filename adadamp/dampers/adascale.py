@@ -118,7 +118,7 @@ class AdaScale(BaseDamper):
     128
     """
 
-    needs_grad_stats = True
+    needs_grad_stats = "chunks"
     _gain_power = 1.0  # the learning rate scales as r ** _gain_power (AdamScale: 0.5)
 
     def __init__(

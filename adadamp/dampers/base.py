@@ -149,8 +149,12 @@ class BaseDamper(BaseEstimator):
             raise OldSpellingError(f"{cls.__name__}: {hint}.")
         return super().__new__(cls)
 
-    #: Ask the workers for per-chunk gradient statistics (AdaScale).
-    needs_grad_stats: bool = False
+    #: The gradient statistics :meth:`plan_update` reads: None (none, ``stats`` is None),
+    #: ``"norm"`` (``GradStats.grad_sq_norm`` only: the client computes it from the summed
+    #: gradient, at no cost to the workers; RadaDamp) or ``"chunks"`` (also the per-chunk
+    #: sums: one extra backward pass of half a share on each worker; AdaScale).  ``True``
+    #: means ``"chunks"``.
+    needs_grad_stats: str | bool | None = None
     #: The batch size follows the workers the cluster has (elastic DynamicSGD): the
     #: cluster is then never sized from the batch size, which would feed back on itself.
     follows_workers: bool = False
@@ -270,6 +274,19 @@ class BaseDamper(BaseEstimator):
         True
         """
         return None
+
+    def stats_level(self) -> str | None:
+        """``needs_grad_stats`` as None, ``"norm"`` or ``"chunks"``.
+
+        Examples
+        --------
+        >>> AdaScale().stats_level(), RadaDamp().stats_level(), GeoDamp().stats_level()
+        ('chunks', 'norm', None)
+        """
+        need = self.needs_grad_stats
+        if need is True or need == "chunks":
+            return "chunks"
+        return "norm" if need == "norm" else None
 
     def continue_from(self, progress: float) -> BaseDamper:
         """Pick up a training run whose epoch clock stands at ``progress`` examples.

@@ -27,14 +27,10 @@ class _DampingSchedule(BaseDamper):
     ``initial`` (no decay at the start on a tiny data set).
 
     Fitted attributes: ``damping_`` (the last ``D_t``), ``cap_``, ``n_data_``.
-
-    Adaptive subclasses (``_adaptive = True``) update their averages in
-    ``_damping``; a repeated ``next_batch_size`` call for the same
-    ``state.n_updates`` (the engine may ask once more to size the cluster)
-    then returns the same batch without observing the state twice.
+    The engine calls ``next_batch_size`` once per update (the cluster is sized
+    from ``forecast_batch_size``), so adaptive subclasses observe each update
+    once in ``_damping``.
     """
-
-    _adaptive = False
 
     def _max_batch_size(self):
         return self.max_batch_size
@@ -67,7 +63,6 @@ class _DampingSchedule(BaseDamper):
         cap = int(n_data) if mbs is None else min(int(mbs), int(n_data))
         self.cap_ = max(int(self.initial), cap)
         self.damping_ = float(self.initial)
-        self.last_update_ = None
         self._reset_state()
         return self
 
@@ -77,11 +72,9 @@ class _DampingSchedule(BaseDamper):
         return max(1, _ceil(damping))
 
     def next_batch_size(self, state: TrainState) -> int:
-        if not (self._adaptive and state.n_updates == self.last_update_):
-            damping = float(self._damping(state))
-            if math.isfinite(damping) and damping > 0:
-                self.damping_ = damping
-            self.last_update_ = state.n_updates
+        damping = float(self._damping(state))
+        if math.isfinite(damping) and damping > 0:
+            self.damping_ = damping
         return self._batch_for(self.damping_, self.cap_)
 
     def plan_update(
@@ -485,8 +478,6 @@ class AdaDamp(_DampingSchedule):
     40
     """
 
-    _adaptive = True
-
     def __init__(
         self,
         initial: int = 32,
@@ -634,9 +625,8 @@ class RadaDamp(_DampingSchedule):
     16
     """
 
-    #: The squared norm of the batch gradient is read from ``GradStats``.
-    needs_grad_stats = True
-    _adaptive = True
+    #: Only the squared norm of the batch gradient is read from ``GradStats`` (no chunks).
+    needs_grad_stats = "norm"
 
     def __init__(
         self,

@@ -108,10 +108,10 @@ class DynamicSGD(BaseDamper):
         self.momentum = momentum
 
     @property
-    def needs_grad_stats(self) -> bool:
+    def needs_grad_stats(self) -> str | None:
         """What the wrapped schedule needs: a wrapper forwards every capability of what it wraps."""
         inner = getattr(self, "schedule_", None) or self.batch_size
-        return bool(getattr(inner, "needs_grad_stats", False))
+        return inner.stats_level() if isinstance(inner, BaseDamper) else None
 
     @property
     def follows_workers(self) -> bool:

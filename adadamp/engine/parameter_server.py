@@ -163,10 +163,8 @@ class ParameterServer:
             torch.set_num_threads(1)
         if self.policy.scale and self.damper.follows_workers:
             self.members.policy = dataclasses.replace(self.policy, scale=False)  # B follows W: never size W from B
-        if self.policy.scale:
-            batch = self.damper.forecast_batch_size(self.loop.epoch) or self.damper.next_batch_size(
-                self.loop.train_state(len(self.workers))
-            )
+        batch = self.damper.forecast_batch_size(self.loop.epoch)  # None: the first update sizes the cluster
+        if self.policy.scale and batch:
             self.members.scale_to(self.policy.wanted(int(batch)))
 
     def __exit__(self, *exc) -> None:
@@ -267,7 +265,8 @@ class ParameterServer:
             ahead = self.damper.forecast_batch_size(state.epoch + self.policy.prescale_epochs) or 0
             self.members.scale_for(batch_size, ahead)
         idx = self.sampler.take(batch_size)
-        n_chunks = 2 if self.damper.needs_grad_stats else 1
+        need = self.damper.stats_level()
+        n_chunks = 2 if need == "chunks" else 1  # "norm" is computed here, from the summed gradient
         t_sent = time.perf_counter()
         total = self._gradients(idx, n_chunks)
         t_back = time.perf_counter()
@@ -287,7 +286,7 @@ class ParameterServer:
                 "rate (optimizer__lr) or the batch-size growth."
             )
         stats = None
-        if self.damper.needs_grad_stats:
+        if need is not None:
             g64 = self.grads_np.astype(np.float64)
             if weight != n:  # the statistics are per example: the mean of the workers' sums
                 g64 *= weight / n
