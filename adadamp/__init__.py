@@ -9,6 +9,7 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "BaseDaskEstimator": "estimators",
     "DaskBaseDamper": "estimators",
     "DaskClassifier": "estimators",
     "DaskRegressor": "estimators",
@@ -47,6 +48,7 @@ __all__ = [
     "AdaDamp",
     "AdaScale",
     "BaseDamper",
+    "BaseDaskEstimator",
     "Callback",
     "Checkpoint",
     "CntsDampLR",

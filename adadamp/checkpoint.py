@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .records import TrainingState
+
 FORMAT = 2
 
 
@@ -87,7 +89,7 @@ def _stable(value) -> str:
     return repr(value)
 
 
-def save(path: str | os.PathLike, state: dict, epoch_updates: list, fingerprint: dict | None = None) -> None:
+def save(path: str | os.PathLike, state: TrainingState, epoch_updates: list) -> None:
     """Write the training ``state`` (the estimator's fitted attributes) to ``path``.
 
     The estimators call this themselves when ``checkpoint=path`` is set
@@ -99,34 +101,32 @@ def save(path: str | os.PathLike, state: dict, epoch_updates: list, fingerprint:
     ----------
     path : str or path-like
         Destination file.
-    state : dict
-        ``module_``, ``optimizer_``, ``damper_``, ``loop_``, ``history_``
-        and, if present, ``classes_``/``_y_1d``.
+    state : TrainingState
+        The module, optimizer, damper, clock and history, the class labels
+        and what the fit trains on (``state.fingerprint``, :func:`fingerprint`;
+        a fit resuming from the file must match it).
     epoch_updates : list of dict
         The per-update records of the unfinished epoch (empty at an epoch
         boundary).
-    fingerprint : dict, optional
-        What the fit trains on (:func:`fingerprint`); a fit resuming from the
-        file must match it.
 
     Examples
     --------
     >>> est.save_params(f_checkpoint="fit.ckpt")  # doctest: +SKIP
     """
-    targets = {k: state[k] for k in ("classes_", "_y_1d") if k in state}
+    targets = {k: state.targets[k] for k in ("classes_", "_y_1d") if k in state.targets}
     if "classes_" in targets:
         classes = np.asarray(targets["classes_"])
         targets["classes_"] = {"values": classes.tolist(), "dtype": classes.dtype.str}
     payload = {
         "format": FORMAT,
-        "module": state["module_"].state_dict(),
-        "optimizer": state["optimizer_"].state_dict(),
-        "damper": damper_state(state["damper_"]),
-        "loop": plain(dataclasses.asdict(state["loop_"])),
-        "history": plain(state["history_"]),
+        "module": state.module.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "damper": damper_state(state.damper),
+        "loop": plain(dataclasses.asdict(state.loop)),
+        "history": plain(state.history),
         "epoch_updates": plain(list(epoch_updates)),
         "targets": plain(targets),
-        "fingerprint": fingerprint or {},
+        "fingerprint": state.fingerprint or {},
     }
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -174,3 +174,16 @@ def retire(client: Client, addresses: list[str], target: int, timeout: float = 1
             break
         time.sleep(0.05)
     cluster.scale(target)
+
+
+@contextlib.contextmanager
+def training_client(client: Client | None, policy: ClusterPolicy, first_batch: int | None):
+    """The client a fit trains on: ``client`` as given, or (None) an embedded LocalCluster for the
+    fit, sized for the first batch when the cluster scales (else ``policy.max_workers``), closed
+    afterwards.  Yields ``(client, policy)``."""
+    if client is not None:
+        yield client, policy
+        return
+    n = policy.wanted(first_batch) if (first_batch and policy.scale) else policy.max_workers
+    with embedded_client(n) as embedded:
+        yield embedded, policy

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import difflib
 import inspect
 import json
 import logging
@@ -22,6 +21,7 @@ import warnings
 
 import numpy as np
 import torch
+from distributed import Client
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.exceptions import DataConversionWarning
 from sklearn.model_selection import train_test_split
@@ -31,29 +31,21 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
 
 from . import callbacks as callbacks_mod
-from . import checkpoint, optimizer_plan, porting
+from . import checkpoint, inputs, optimizer_plan, porting, routing
 from . import cluster as cl
 from .dampers import BaseDamper, Constant
 from .engine import LoopState, ParameterServer
+from .engine.loop import FitLoop
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .modules import MLP
+from .records import TrainingState
 from .seeding import seeded
 
-__all__ = ["DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
+__all__ = ["BaseDaskEstimator", "DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
 
 logger = logging.getLogger(__name__)
 
-ROUTED = ("module", "criterion", "optimizer", "batch_size", "callbacks")
-
-
-def _routed_prefix(key: str) -> str | None:
-    for prefix in ROUTED:
-        if key.startswith(prefix + "__"):
-            return prefix
-    return None
-
-
-class DaskBaseDamper(BaseEstimator):
+class BaseDaskEstimator(BaseEstimator):
     """Base of :class:`DaskClassifier` and :class:`DaskRegressor` (not instantiated itself).
 
     Trains a PyTorch module with synchronous data-parallel SGD on the workers
@@ -176,11 +168,11 @@ class DaskBaseDamper(BaseEstimator):
     """
 
     def __new__(cls, *args, **kwargs):
-        if cls is DaskBaseDamper:
+        if cls is BaseDaskEstimator:
             raise TypeError(
-                "DaskBaseDamper is the base class of DaskClassifier and DaskRegressor and is not fitted "
-                "itself: use DaskClassifier for labels, DaskRegressor for real-valued targets (with "
-                "criterion=... for the loss the original adadamp's DaskBaseDamper scored with)."
+                "BaseDaskEstimator (DaskBaseDamper) is the base class of DaskClassifier and DaskRegressor "
+                "and is not fitted itself: use DaskClassifier for labels, DaskRegressor for real-valued "
+                "targets (with criterion=... for the loss the original adadamp's DaskBaseDamper scored with)."
             )
         return super().__new__(cls)
 
@@ -236,7 +228,7 @@ class DaskBaseDamper(BaseEstimator):
     # ------------------------------------------------------------ parameters
     @classmethod
     def _init_param_names(cls) -> list[str]:
-        sig = inspect.signature(DaskBaseDamper.__init__)
+        sig = inspect.signature(BaseDaskEstimator.__init__)
         return [p for p in sig.parameters if p not in ("self", "kwargs")]
 
     def _get_param_names(self) -> list[str]:
@@ -273,7 +265,7 @@ class DaskBaseDamper(BaseEstimator):
         """
         normal = {}
         for key, value in params.items():
-            if _routed_prefix(key):
+            if routing.routed_prefix(key):
                 setattr(self, key, value)
             else:
                 normal[key] = value
@@ -289,12 +281,12 @@ class DaskBaseDamper(BaseEstimator):
         """Validate every parameter before any data or cluster work."""
         known = set(self._init_param_names())
         for key in self._get_param_names():
-            if key in known or _routed_prefix(key):
+            if key in known or routing.routed_prefix(key):
                 continue
             hint = porting.estimator_hint(key)
             if hint is not None:
                 raise ValueError(f"Unknown parameter {key!r} for {type(self).__name__}: {hint}.")
-            raise ValueError(f"Unknown parameter {key!r} for {type(self).__name__}.{_did_you_mean(key, known)}")
+            raise ValueError(f"Unknown parameter {key!r} for {type(self).__name__}.{routing.did_you_mean(key, known)}")
         if (
             isinstance(self.max_epochs, bool)
             or not isinstance(self.max_epochs, numbers.Integral)
@@ -363,7 +355,7 @@ class DaskBaseDamper(BaseEstimator):
                 hint = porting.damper_hint(type(damper), (), params)
                 raise ValueError(f"batch_size__*: {hint or err}") from err
         elif isinstance(bs, type):
-            damper = _construct(bs, params, "batch_size")
+            damper = routing.construct(bs, params, "batch_size")
         else:
             if params:
                 keys = ", ".join(f"batch_size__{k}" for k in params)
@@ -377,32 +369,32 @@ class DaskBaseDamper(BaseEstimator):
         with seeded(seed):  # the lock keeps other threads' seeding out of these draws
             if self.module is None:
                 params = {"n_features": n_features, "n_outputs": n_outputs, **params}
-                return _construct(MLP, params, "module")
+                return routing.construct(MLP, params, "module")
             if isinstance(self.module, nn.Module):
                 if params:
-                    return _construct(type(self.module), params, "module")
+                    return routing.construct(type(self.module), params, "module")
                 return copy.deepcopy(self.module)
             if isinstance(self.module, type) and issubclass(self.module, nn.Module):
-                return _construct(self.module, params, "module")
+                return routing.construct(self.module, params, "module")
         raise ValueError(f"module must be None, a torch.nn.Module class or instance; got {self.module!r}.")
 
     def _build_criterion(self) -> nn.Module:
         crit = self.criterion if self.criterion is not None else self._default_criterion
         params = self._params_for("criterion")
         if isinstance(crit, nn.Module):
-            return _construct(type(crit), params, "criterion") if params else copy.deepcopy(crit)
+            return routing.construct(type(crit), params, "criterion") if params else copy.deepcopy(crit)
         if isinstance(crit, type) and issubclass(crit, nn.Module):
-            return _construct(crit, params, "criterion")
+            return routing.construct(crit, params, "criterion")
         raise ValueError(f"criterion must be a torch.nn.Module class or instance; got {crit!r}.")
 
     def _build_optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
-        return _construct(self.optimizer, self._params_for("optimizer"), "optimizer", module.parameters())
+        return routing.construct(self.optimizer, self._params_for("optimizer"), "optimizer", module.parameters())
 
     # ------------------------------------------------------------------- data
     def _to_arrays(self, X, y, reset: bool):
         """Validated float32 ``X`` and ``y``, and (fresh fits) the feature attributes to commit."""
-        X = _as_numpy(X)
-        y = _as_numpy(y) if y is not None else None
+        X = inputs.as_numpy(X)
+        y = inputs.as_numpy(y) if y is not None else None
         checked = copy.copy(self) if reset else self  # a fresh fit sets n_features_in_ only when it succeeds
         X, y = validate_data(
             checked,
@@ -421,7 +413,7 @@ class DaskBaseDamper(BaseEstimator):
         return np.ascontiguousarray(X), y, features
 
     # -------------------------------------------------------------- training
-    def fit(self, X, y=None, **fit_params) -> DaskBaseDamper:
+    def fit(self, X, y=None, **fit_params) -> BaseDaskEstimator:
         """Train for ``max_epochs`` epochs (afresh unless ``warm_start``).
 
         Parameters
@@ -466,7 +458,7 @@ class DaskBaseDamper(BaseEstimator):
         warm = self.warm_start and _is_fitted(self)
         return self._fit(X, y, epochs=self.max_epochs, fresh=not warm, **fit_params)
 
-    def partial_fit(self, X, y=None, **fit_params) -> DaskBaseDamper:
+    def partial_fit(self, X, y=None, **fit_params) -> BaseDaskEstimator:
         """Train for exactly one epoch, continuing from the fitted state.
 
         ``max_epochs`` is ignored.  The first call on an unfitted estimator
@@ -503,7 +495,7 @@ class DaskBaseDamper(BaseEstimator):
     def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None):
         self._check_params()
         if isinstance(X, torch.utils.data.Dataset):
-            X, y = _from_dataset(X, y)
+            X, y = inputs.from_dataset(X, y)
         X, y, features = self._to_arrays(X, y, reset=fresh)
         y, targets = self._encode_targets(y, fresh=fresh, classes=classes)
         targets.update(features)
@@ -517,42 +509,41 @@ class DaskBaseDamper(BaseEstimator):
             module = self._build_module(int(np.prod(X.shape[1:])), n_outputs, seed)
             criterion = self._build_criterion()
             self._check_output_shape(module, criterion, X, y, n_outputs)
-            state = {
-                "module_": module,
-                "criterion_": criterion,
-                "optimizer_": self._build_optimizer(module),
-                "damper_": self._build_damper(len(X)),
-                "history_": [],
-                "loop_": LoopState(seed=seed, n_data=len(X)),
-                **targets,
-            }
+            state = TrainingState(
+                module=module,
+                criterion=criterion,
+                optimizer=self._build_optimizer(module),
+                damper=self._build_damper(len(X)),
+                loop=LoopState(seed=seed, n_data=len(X)),
+                targets=targets,
+            )
             epoch_updates = []
             if self.checkpoint is not None and os.path.exists(self.checkpoint):
                 saved = checkpoint.load(self.checkpoint)
                 checkpoint.check_fingerprint(self.checkpoint, saved["fingerprint"], self._fingerprint(X, y))
                 epoch_updates = self._restore(state, saved, len(X))
-                epochs -= len(state["history_"])
+                epochs -= len(state.history)
         else:
             epoch_updates = []
             # Train on copies (one deepcopy: the optimizer keeps pointing at the copied module), so a
             # failed call leaves the fitted state as it was.
             state = copy.deepcopy(self._state())
-            state.update(targets)
+            state.targets.update(targets)
             self._apply_optimizer_params(state)
             if self._damper_spec() != self._damper_spec_:
                 # batch_size changed since the last fit: a new damper, on the run's continuing clock
-                state["damper_"] = self._build_damper(len(X)).continue_from(state["loop_"].progress)
-            if state["loop_"].n_data != len(X):
-                state["loop_"] = _resized(state["loop_"], len(X))
+                state.damper = self._build_damper(len(X)).continue_from(state.loop.progress)
+            if state.loop.n_data != len(X):
+                state.loop = state.loop.resized(len(X))
         if self.checkpoint is not None:
-            state["_fingerprint_"] = self._fingerprint(X, y)
-        optimizer_plan.check_supported(state["optimizer_"], state["damper_"])
+            state.fingerprint = self._fingerprint(X, y)
+        optimizer_plan.check_supported(state.optimizer, state.damper)
         self._training_state = state  # save_params from a callback saves this state, not the last fit's
-        start = state["loop_"].n_updates
+        start = state.loop.n_updates
         try:
             self._train(state, X, y, epochs, epoch_updates, valid)
         except (ConvergenceError, NoWorkersError, SchedulerLostError):
-            if state["loop_"].n_updates > start:
+            if state.loop.n_updates > start:
                 self._commit(state)  # training stopped cleanly, with the last good weights
             raise
         finally:
@@ -563,15 +554,15 @@ class DaskBaseDamper(BaseEstimator):
     def _fingerprint(self, X, y) -> dict:
         """What decides this fit's trajectory: the training data and the parameters (not max_epochs)."""
         keys = ("module", "criterion", "optimizer", "batch_size", "random_state", "validation_fraction")
-        params = {k: v for k, v in self.get_params(deep=False).items() if k in keys or _routed_prefix(k)}
+        params = {k: v for k, v in self.get_params(deep=False).items() if k in keys or routing.routed_prefix(k)}
         params = {k: v for k, v in params.items() if not k.startswith("callbacks__")}
         return checkpoint.fingerprint(X, y, params)
 
-    def _apply_optimizer_params(self, state: dict) -> None:
+    def _apply_optimizer_params(self, state: TrainingState) -> None:
         """``set_params(optimizer=..., optimizer__*=...)`` since the last fit takes effect now (as in skorch)."""
-        optimizer = state["optimizer_"]
+        optimizer = state.optimizer
         if type(optimizer) is not self.optimizer:
-            state["optimizer_"] = self._build_optimizer(state["module_"])
+            state.optimizer = self._build_optimizer(state.module)
             return
         params = self._params_for("optimizer")
         for group in optimizer.param_groups:
@@ -580,10 +571,11 @@ class DaskBaseDamper(BaseEstimator):
                 if key == "lr":
                     group["adadamp_base_lr"] = value  # what the schedules' lr factor multiplies
 
-    def _commit(self, state: dict) -> None:
-        if "n_features_in_" in state and "feature_names_in_" not in state and hasattr(self, "feature_names_in_"):
+    def _commit(self, state: TrainingState) -> None:
+        fresh_without_names = "n_features_in_" in state.targets and "feature_names_in_" not in state.targets
+        if fresh_without_names and hasattr(self, "feature_names_in_"):
             del self.feature_names_in_  # a fresh fit on data without column names
-        for key, value in state.items():
+        for key, value in state.attributes().items():
             setattr(self, key, value)
         self.n_iter_ = len(self.history_)
         self._damper_spec_ = self._damper_spec()
@@ -593,109 +585,60 @@ class DaskBaseDamper(BaseEstimator):
         return repr((self.batch_size, sorted(self._params_for("batch_size").items())))
 
     @staticmethod
-    def _restore(state: dict, saved: dict, n_data: int) -> list:
+    def _restore(state: TrainingState, saved: dict, n_data: int) -> list:
         """Overlay a checkpoint on freshly built state; returns the epoch's updates so far."""
         loop = LoopState(**saved["loop"])
         if loop.n_data != n_data:
             raise ValueError(f"The checkpoint was written for {loop.n_data} examples; X has {n_data}.")
-        state["module_"].load_state_dict(saved["module"])
-        state["optimizer_"].load_state_dict(saved["optimizer"])
-        checkpoint.restore_damper(state["damper_"], saved["damper"])
-        state.update(saved["targets"], loop_=loop, history_=list(saved["history"]))
+        state.module.load_state_dict(saved["module"])
+        state.optimizer.load_state_dict(saved["optimizer"])
+        checkpoint.restore_damper(state.damper, saved["damper"])
+        state.targets.update(saved["targets"])
+        state.loop, state.history = loop, list(saved["history"])
         return saved["epoch_updates"]
 
-    def _train(self, state: dict, X, y, epochs: int, epoch_updates: list, valid=None) -> None:
+    def _train(self, state: TrainingState, X, y, epochs: int, epoch_updates: list, valid=None) -> None:
         if epochs <= 0:
             return
-        named = callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
-        state["callbacks_"] = named  # the clones that ran, with what they learned (EarlyStopping.best_epoch_)
-        hooks = [cb for _, cb in named]
-
-        def call(hook, **info):
-            for cb in hooks:
-                getattr(cb, hook)(
-                    self,
-                    module=state["module_"],
-                    optimizer=state["optimizer_"],
-                    damper=state["damper_"],
-                    loop=state["loop_"],
-                    history=state["history_"],
-                    **info,
-                )
-
-        def on_update(updates):
-            every = self.checkpoint_every
-            if self.checkpoint is not None and every and state["loop_"].n_updates % every == 0:
-                checkpoint.save(self.checkpoint, state, updates, state.get("_fingerprint_"))
-            call("on_update_end", record=updates[-1])
-
-        with self._client_context(state) as (client, policy):
-            engine = ParameterServer(
+        # the clones that run, kept with what they learn (EarlyStopping.best_epoch_)
+        state.callbacks = callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
+        loop = FitLoop(
+            self, state, checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every, verbose=self.verbose,
+            valid=valid,
+        )
+        policy, client = self._cluster_policy()
+        first = state.damper.forecast_batch_size(state.loop.epoch)
+        with cl.training_client(client, policy, first) as (client, policy):
+            backend = ParameterServer(
                 client,
-                module=state["module_"],
-                criterion=state["criterion_"],
-                optimizer=state["optimizer_"],
-                damper=state["damper_"],
-                loop=state["loop_"],
+                module=state.module,
+                criterion=state.criterion,
+                optimizer=state.optimizer,
+                damper=state.damper,
+                loop=state.loop,
                 X=X,
                 y=y,
                 policy=policy,
                 device=str(self.device),
             )
-            with engine:
-                call("on_train_begin")
-                try:
-                    for _ in range(epochs):
-                        call("on_epoch_begin", epoch=len(state["history_"]) + 1, n_data=len(X))
-                        row = engine.run_epoch(epoch_updates, on_update)
-                        epoch_updates = []
-                        if valid is not None:
-                            row["valid_loss"] = self._loss(state, *valid)
-                        state["history_"].append(row)
-                        if self.checkpoint is not None:
-                            checkpoint.save(self.checkpoint, state, [], state.get("_fingerprint_"))
-                        if self.verbose:
-                            _print_row(row, header=len(state["history_"]) == 1)
-                        call("on_epoch_end", row=row)
-                except callbacks_mod.StopTraining as stop:
-                    logger.info("training stopped early: %s", stop)
-                call("on_train_end")
+            with backend:
+                loop.run(backend, epochs, epoch_updates)
 
-    @staticmethod
-    def _loss(state: dict, X: np.ndarray, y: np.ndarray) -> float:
-        """Mean criterion over held-out data (eval mode, on the client)."""
-        module, criterion = state["module_"], state["criterion_"]
-        module.eval()
-        total = 0.0
-        with torch.no_grad():
-            for start in range(0, len(X), 4096):
-                xb, yb = torch.tensor(X[start : start + 4096]), torch.from_numpy(y[start : start + 4096])
-                total += float(criterion(module(xb), yb)) * len(xb)
-        module.train()
-        return total / len(X)
-
-    @contextlib.contextmanager
-    def _client_context(self, state: dict):
+    def _cluster_policy(self) -> tuple[cl.ClusterPolicy, Client | None]:
+        """How the cluster is sized for this fit, and the client to train on (None: an embedded cluster)."""
         client = self.client if self.client is not None else _active_client()
         embedded = client is None
         scale = self.scale_cluster if self.scale_cluster is not None else embedded
-        max_workers = self.max_workers or (cl.default_n_workers() if embedded else 16)
         policy = cl.ClusterPolicy(
             grads_per_worker=self.grads_per_worker,
             min_workers=self.min_workers,
-            max_workers=max_workers,
+            max_workers=self.max_workers or (cl.default_n_workers() if embedded else 16),
             scale=bool(scale),
             scale_wait=float(self.scale_wait),
             worker_timeout=float(self.worker_timeout),
             update_timeout=float(self.update_timeout),
         )
-        if not embedded:
-            yield client, policy
-            return
-        first = state["damper_"].forecast_batch_size(state["loop_"].epoch)
-        n = policy.wanted(first) if (first and scale) else max_workers
-        with cl.embedded_client(n) as client:
-            yield client, policy
+        return policy, client
 
     def _check_output_shape(self, module, criterion, X, y, n_outputs: int) -> None:
         """A forward pass on two examples on the client, so a misfit module fails here, clearly."""
@@ -748,16 +691,16 @@ class DaskBaseDamper(BaseEstimator):
             check_is_fitted(self)
             state = self._state()
         if f_params is not None:
-            torch.save(state["module_"].state_dict(), f_params)
+            torch.save(state.module.state_dict(), f_params)
         if f_optimizer is not None:
-            torch.save(state["optimizer_"].state_dict(), f_optimizer)
+            torch.save(state.optimizer.state_dict(), f_optimizer)
         if f_history is not None:
             with open(f_history, "w") as f:
-                json.dump(state["history_"], f)
+                json.dump(state.history, f)
         if f_checkpoint is not None:
-            checkpoint.save(f_checkpoint, state, [], state.get("_fingerprint_"))
+            checkpoint.save(f_checkpoint, state, [])
 
-    def load_params(self, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> DaskBaseDamper:
+    def load_params(self, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> BaseDaskEstimator:
         """Load what :meth:`save_params` saved into a fitted estimator of the same structure.
 
         There is no separate initialisation step: the estimator must have
@@ -802,15 +745,14 @@ class DaskBaseDamper(BaseEstimator):
             self.n_iter_ = len(self.history_)
         return self
 
-    def _state(self) -> dict:
-        keys = ("module_", "criterion_", "optimizer_", "damper_", "loop_", "history_", "classes_", "_y_1d",
-                "_fingerprint_")
-        return {k: getattr(self, k) for k in keys if hasattr(self, k)}
+    def _state(self) -> TrainingState:
+        """The fitted state as a :class:`~adadamp.records.TrainingState` (shares the objects)."""
+        return TrainingState.of(self, target_keys=("classes_", "_y_1d"))
 
     # -------------------------------------------------------------- predict
     def _forward(self, X) -> np.ndarray:
         check_is_fitted(self)
-        X = _as_numpy(X)
+        X = inputs.as_numpy(X)
         X = validate_data(self, X, reset=False, dtype=np.float32, allow_nd=True)
         module = self.module_
         module.eval()
@@ -879,10 +821,10 @@ class DaskBaseDamper(BaseEstimator):
         return tags
 
 
-class DaskClassifier(ClassifierMixin, DaskBaseDamper):
+class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
     """Classify with a PyTorch module trained on a Dask cluster.
 
-    See :class:`DaskBaseDamper` for the parameters.  Labels may be of any
+    See :class:`BaseDaskEstimator` for the parameters.  Labels may be of any
     type (strings, ``{3, 7}``); ``classes_`` holds them sorted and the module
     outputs one score per class.
 
@@ -1021,13 +963,13 @@ class DaskClassifier(ClassifierMixin, DaskBaseDamper):
         >>> DaskClassifier(max_epochs=5).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
         0.96
         """
-        return super().score(*_scoring_data(X, y), sample_weight=sample_weight)
+        return super().score(*inputs.scoring_data(X, y), sample_weight=sample_weight)
 
 
-class DaskRegressor(RegressorMixin, DaskBaseDamper):
+class DaskRegressor(RegressorMixin, BaseDaskEstimator):
     """Regress with a PyTorch module trained on a Dask cluster.
 
-    See :class:`DaskBaseDamper` for the parameters.  ``y`` may be 1-d (the
+    See :class:`BaseDaskEstimator` for the parameters.  ``y`` may be 1-d (the
     module then outputs one column and ``predict`` returns 1-d) or 2-d.
 
     Examples
@@ -1104,7 +1046,7 @@ class DaskRegressor(RegressorMixin, DaskBaseDamper):
         >>> DaskRegressor(max_epochs=50).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
         0.99
         """
-        return super().score(*_scoring_data(X, y), sample_weight=sample_weight)
+        return super().score(*inputs.scoring_data(X, y), sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -1121,45 +1063,12 @@ class _Meta(dict):
         raise KeyError(hint if hint is not None else key)
 
 
+#: The original adadamp's name of the base class (kept for its users; it is not fitted itself).
+DaskBaseDamper = BaseDaskEstimator
+
+
 def _is_fitted(est) -> bool:
     return hasattr(est, "module_")
-
-
-def _as_numpy(X):
-    if isinstance(X, torch.Tensor):
-        return X.detach().cpu().numpy()
-    if isinstance(X, torch.utils.data.Dataset):
-        raise TypeError("A torch Dataset goes to fit as X with y=None; see DaskBaseDamper.fit.")
-    try:
-        import dask
-
-        if dask.is_dask_collection(X):
-            return np.asarray(X.compute())
-    except ImportError:  # pragma: no cover
-        pass
-    return X
-
-
-def _scoring_data(X, y):
-    """``score`` takes arrays, or a map-style torch Dataset of ``(x, y)`` pairs with y=None (as fit)."""
-    if isinstance(X, torch.utils.data.DataLoader):
-        raise TypeError(
-            "score takes arrays or a map-style torch Dataset, not a DataLoader: pass score(loader.dataset) "
-            "(the original adadamp's score(X, y) also took a Dataset)."
-        )
-    if isinstance(X, torch.utils.data.Dataset):
-        return _from_dataset(X, y)
-    return X, y
-
-
-def _from_dataset(dataset, y):
-    """Materialise a map-style torch Dataset of ``(x, y)`` pairs (placed on the workers once)."""
-    if y is not None:
-        raise ValueError("With a torch Dataset as X, y must be None: the Dataset yields (x, y) pairs.")
-    pairs = [dataset[i] for i in range(len(dataset))]
-    X = np.stack([np.asarray(p[0]) for p in pairs])
-    y = np.asarray([np.asarray(p[1]) for p in pairs])
-    return X, y
 
 
 def _active_client():
@@ -1170,62 +1079,3 @@ def _active_client():
         with contextlib.suppress(ValueError):
             return find()
     return None
-
-
-def _resized(loop: LoopState, n_data: int) -> LoopState:
-    """The clock continues in epochs when partial_fit gets data of another size."""
-    return LoopState(
-        seed=loop.seed,
-        n_data=n_data,
-        n_updates=loop.n_updates,
-        n_samples_seen=loop.n_samples_seen,
-        progress=loop.epoch * n_data,
-        data_epoch=loop.data_epoch + (loop.position > 0),
-    )
-
-
-def _construct(factory, params: dict, prefix: str, *args):
-    """Call ``factory(*args, **params)``, naming the routed key on a bad name."""
-    try:
-        return factory(*args, **params)
-    except porting.OldSpellingError as err:
-        raise ValueError(f"{prefix}__*: {err}") from err
-    except TypeError as err:
-        accepted = _accepted_names(factory)
-        bad = [k for k in params if accepted is not None and k not in accepted]
-        if bad:
-            hint = _did_you_mean(bad[0], accepted)
-            raise ValueError(
-                f"{prefix}__{bad[0]} is not a parameter of {getattr(factory, '__name__', factory)}.{hint}"
-            ) from err
-        raise ValueError(f"Could not build {prefix} {getattr(factory, '__name__', factory)}: {err}") from err
-
-
-def _accepted_names(factory) -> set[str] | None:
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params}
-
-
-def _did_you_mean(key: str, known) -> str:
-    for prefix in ROUTED:
-        if key.startswith(prefix + "_") and not key.startswith(prefix + "__"):
-            return f" Did you mean {prefix + '__' + key[len(prefix) + 1 :]!r}?"
-    close = difflib.get_close_matches(key, sorted(known), n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-def _print_row(row: dict, header: bool) -> None:
-    cols = ("epoch", "train_loss", *(("valid_loss",) if "valid_loss" in row else ()), "batch_size", "lr",
-            "n_workers", "n_updates", "dur")
-    if header:
-        print("  ".join(f"{c:>10}" for c in cols))
-    cells = []
-    for c in cols:
-        v = row[c]
-        cells.append(f"{v:>10.4g}" if isinstance(v, float) else f"{v:>10}")
-    print("  ".join(cells), flush=True)

@@ -1,5 +1,5 @@
-"""What the engine passes around, defined once: a worker's gradient reply, one update's record
-and one epoch's row of ``history_``.
+"""What the engine passes around, defined once: a worker's gradient reply, one update's record,
+one epoch's row of ``history_``, and the training state a fit works on.
 
 Plain dataclasses with no Dask and no engine imports, so the workers (``adadamp._worker``,
 ``adadamp.channel``) use them without importing the client side.  ``history_`` keeps plain dicts
@@ -10,7 +10,8 @@ Plain dataclasses with no Dask and no engine imports, so the workers (``adadamp.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -80,3 +81,43 @@ def epoch_row(epoch: int, updates: list[dict], n_updates: int, n_samples_seen: i
         "dur": dur,
         "updates": updates,
     }
+
+
+@dataclass
+class TrainingState:
+    """What one ``fit``/``partial_fit`` trains; the estimator's fitted attributes when it succeeds.
+
+    A warm start trains a deep copy, so a failed call leaves the fitted state as it was.
+    ``targets`` holds the fitted attributes that describe the data (``classes_``,
+    ``n_features_in_``, ``feature_names_in_``, ...); ``fingerprint`` identifies the data and
+    parameters a checkpoint was written for.
+    """
+
+    module: Any  # torch.nn.Module
+    criterion: Any  # torch.nn.Module
+    optimizer: Any  # torch.optim.Optimizer
+    damper: Any  # adadamp.dampers.BaseDamper
+    loop: Any  # adadamp.engine.LoopState: the clock and the sampler position
+    history: list[dict] = field(default_factory=list)
+    targets: dict = field(default_factory=dict)
+    callbacks: list = field(default_factory=list)  # (name, Callback) clones that ran, with what they learned
+    fingerprint: dict | None = None
+
+    #: The estimator attribute of each field (``targets`` are attributes under their own names).
+    ATTRIBUTES: ClassVar[dict[str, str]] = {"module": "module_", "criterion": "criterion_", "optimizer": "optimizer_", "damper": "damper_",
+                  "loop": "loop_", "history": "history_", "callbacks": "callbacks_", "fingerprint": "_fingerprint_"}
+
+    def attributes(self) -> dict:
+        """The fitted attributes this state sets on an estimator."""
+        out = {attr: getattr(self, name) for name, attr in self.ATTRIBUTES.items()}
+        out.update(self.targets)
+        return out
+
+    @classmethod
+    def of(cls, estimator, target_keys: tuple[str, ...]) -> TrainingState:
+        """The fitted state of ``estimator`` (its attributes) as a TrainingState."""
+        fields = {name: getattr(estimator, attr, None) for name, attr in cls.ATTRIBUTES.items()}
+        fields["history"] = fields["history"] or []
+        fields["callbacks"] = []  # a fit resolves its own clones; the last fit's stay on the estimator
+        targets = {k: getattr(estimator, k) for k in target_keys if hasattr(estimator, k)}
+        return cls(**fields, targets=targets)

@@ -7,6 +7,7 @@ from sklearn.datasets import make_classification
 
 from adadamp import DaskClassifier
 from adadamp.callbacks import Callback, Checkpoint, EarlyStopping, ProgressBar
+from adadamp.engine.loop import validation_loss
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +64,7 @@ def test_early_stopping_restores_the_best_weights(client, data):
     losses = [row["valid_loss"] for row in est.history_]
     assert len(losses) < 40 and est.history_[-1].get("event_early_stop")
     best = min(losses)
-    X_valid_loss = est._loss(
-        {"module_": est.module_, "criterion_": est.criterion_},
-        *_validation_split(est, X, y),
-    )
+    X_valid_loss = validation_loss(est._state(), *_validation_split(est, X, y))
     assert X_valid_loss == pytest.approx(best, rel=1e-5)
     fitted = dict(est.callbacks_)["stop"]  # the clone that ran, not the instance passed in
     assert fitted is not given and not hasattr(given, "best_epoch_")
@@ -125,7 +123,7 @@ def test_checkpoint_saves_when_the_validation_loss_improves(client, data, tmp_pa
         f_optimizer=tmp_path / "cp" / f"opt-{best}.pt",
         f_history=tmp_path / "cp" / f"history-{best}.json",
     )
-    valid_loss = est._loss({"module_": est.module_, "criterion_": est.criterion_}, *_validation_split(est, X, y))
+    valid_loss = validation_loss(est._state(), *_validation_split(est, X, y))
     assert valid_loss == pytest.approx(min(losses), rel=1e-5)
     assert len(est.history_) == best and est.history_[-1]["event_cp"] is True
 

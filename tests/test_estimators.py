@@ -143,7 +143,7 @@ class LookAtOptimizer(Callback):
     """Records the momentum buffers the optimizer holds when training begins."""
 
     def on_train_begin(self, estimator, **info):
-        optimizer = estimator._training_state["optimizer_"]
+        optimizer = estimator._training_state.optimizer
         self.buffers_ = [s["momentum_buffer"].clone() for s in optimizer.state.values()]
 
 

@@ -69,10 +69,12 @@ Holt & Sievert's schedule on CIFAR-10 (50,000 examples, 200 epochs) needs
 29240
 """
 
+from .adaptive import AdaDamp, RadaDamp
 from .adascale import AdamScale, AdaScale
 from .base import BaseDamper, Constant, GradStats, TrainState, UpdatePlan
-from .damping import AdaDamp, CntsDampLR, GeoDamp, GeoDampLR, GradientDescent, PadaDamp, RadaDamp, Seesaw
+from .damping import GeoDamp, GeoDampLR, Seesaw
 from .dynamic_sgd import DynamicSGD
+from .growth import CntsDampLR, GradientDescent, PadaDamp
 from .momentum import tang_momentum
 from .simulation import count_updates, simulate_schedule
 

@@ -1,19 +1,24 @@
 """The training engine: what happens between ``fit`` and the workers, one concept per module.
 
-==================  =====================================================================
-module              what it decides
-==================  =====================================================================
-``sampler``         which examples each update uses: the training clock (:class:`LoopState`)
-                    and one seeded permutation per data epoch
-``placement``       which worker holds which block of examples (pure ``plan_moves``)
-``data``            where the blocks come from (in-memory arrays today)
-``membership``      which workers take part; setting up joiners, leaving out failures;
-                    asking the cluster for more or fewer workers
-``transport``       how one round of requests reaches the workers and comes back
-                    (the fit's TCP channel, shared memory, Dask RPCs)
-``aggregation``     where the workers' gradients are summed (rank order, in place)
-``parameter_server``  the backend: one synchronous update at a time, the client steps
-==================  =====================================================================
+``sampler``
+    which examples each update uses: the training clock (:class:`LoopState`) and one seeded
+    permutation per data epoch.
+``placement``
+    which worker holds which block of examples (the pure ``plan_moves``).
+``data``
+    where the blocks come from (in-memory arrays today).
+``membership``
+    which workers take part: setting up joiners, leaving out failures, asking the cluster for
+    more or fewer workers.
+``transport``
+    how one round of requests reaches the workers and comes back (the fit's TCP channel,
+    shared memory, Dask RPCs).
+``aggregation``
+    where the workers' gradients are summed (rank order, in place).
+``parameter_server``
+    the backend: one synchronous update at a time, the client steps.
+``loop``
+    the fit loop: epochs, the callbacks' hooks, validation loss, checkpoints.
 
 The batch size, learning-rate factor and momentum of each update come from the damper
 (:mod:`adadamp.dampers`); how many workers a batch size calls for from the cluster policy

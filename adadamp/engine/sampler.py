@@ -51,6 +51,18 @@ class LoopState:
         """Whether another update belongs to the epoch ending at ``end`` (rounding of the clock absorbed)."""
         return self.progress < end - 1e-6
 
+    def resized(self, n_data: int) -> LoopState:
+        """The clock for data of another size (``partial_fit``): it continues in epochs, and a
+        started data epoch counts as done."""
+        return LoopState(
+            seed=self.seed,
+            n_data=n_data,
+            n_updates=self.n_updates,
+            n_samples_seen=self.n_samples_seen,
+            progress=self.epoch * n_data,
+            data_epoch=self.data_epoch + (self.position > 0),
+        )
+
     def permutation(self) -> np.ndarray:
         return np.random.default_rng([self.seed, self.data_epoch]).permutation(self.n_data)
 

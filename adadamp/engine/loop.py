@@ -1,0 +1,99 @@
+"""The fit loop: epochs of model updates on a backend, with the callbacks' hooks (skorch's names),
+the validation loss, checkpoints and the verbose table.
+
+The estimator builds the :class:`~adadamp.records.TrainingState` and the backend; this loop runs
+them.  Hooks receive the estimator and keyword arguments: ``module``, ``optimizer``, ``damper``,
+``loop`` (the clock), ``history``, and ``record`` (one update) or ``row`` (one epoch).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from .. import callbacks as callbacks_mod
+from .. import checkpoint as checkpoint_mod
+from ..records import TrainingState
+
+logger = logging.getLogger(__name__)
+
+
+class FitLoop:
+    """Runs ``epochs`` epochs of ``state`` on a backend (a :class:`~adadamp.engine.ParameterServer`).
+
+    ``checkpoint`` (a path or None) is written after every epoch and every ``checkpoint_every``
+    updates; ``valid`` is ``(X, y)`` held out for ``valid_loss``; ``verbose`` prints a row per
+    epoch.
+    """
+
+    def __init__(self, estimator, state: TrainingState, *, checkpoint=None, checkpoint_every=None, verbose=0,
+                 valid=None):
+        self.estimator = estimator
+        self.state = state
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
+        self.verbose = verbose
+        self.valid = valid
+
+    def call(self, hook: str, **info) -> None:
+        s = self.state
+        for _, cb in s.callbacks:
+            getattr(cb, hook)(
+                self.estimator, module=s.module, optimizer=s.optimizer, damper=s.damper, loop=s.loop,
+                history=s.history, **info,
+            )
+
+    def _on_update(self, updates: list[dict]) -> None:
+        every = self.checkpoint_every
+        if self.checkpoint is not None and every and self.state.loop.n_updates % every == 0:
+            checkpoint_mod.save(self.checkpoint, self.state, updates)
+        self.call("on_update_end", record=updates[-1])
+
+    def run(self, backend, epochs: int, epoch_updates: list[dict]) -> None:
+        """``epoch_updates``: the records of the current epoch's earlier updates (resuming mid-epoch)."""
+        s = self.state
+        self.call("on_train_begin")
+        try:
+            for _ in range(epochs):
+                self.call("on_epoch_begin", epoch=len(s.history) + 1, n_data=s.loop.n_data)
+                row = backend.run_epoch(epoch_updates, self._on_update)
+                epoch_updates = []
+                if self.valid is not None:
+                    row["valid_loss"] = validation_loss(s, *self.valid)
+                s.history.append(row)
+                if self.checkpoint is not None:
+                    checkpoint_mod.save(self.checkpoint, s, [])
+                if self.verbose:
+                    print_row(row, header=len(s.history) == 1)
+                self.call("on_epoch_end", row=row)
+        except callbacks_mod.StopTraining as stop:
+            logger.info("training stopped early: %s", stop)
+        self.call("on_train_end")
+
+
+def validation_loss(state: TrainingState, X: np.ndarray, y: np.ndarray) -> float:
+    """Mean criterion over held-out data (eval mode, on the client)."""
+    module, criterion = state.module, state.criterion
+    module.eval()
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, len(X), 4096):
+            xb, yb = torch.tensor(X[start : start + 4096]), torch.from_numpy(y[start : start + 4096])
+            total += float(criterion(module(xb), yb)) * len(xb)
+    module.train()
+    return total / len(X)
+
+
+def print_row(row: dict, header: bool) -> None:
+    """One line of the ``verbose=1`` table (and the header before the first)."""
+    cols = ("epoch", "train_loss", *(("valid_loss",) if "valid_loss" in row else ()), "batch_size", "lr",
+            "n_workers", "n_updates", "dur")
+    if header:
+        print("  ".join(f"{c:>10}" for c in cols))
+    cells = []
+    for c in cols:
+        v = row[c]
+        cells.append(f"{v:>10.4g}" if isinstance(v, float) else f"{v:>10}")
+    print("  ".join(cells), flush=True)

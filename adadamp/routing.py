@@ -1,0 +1,69 @@
+"""skorch-style parameter routing: ``module__hidden=8`` goes to the module, ``optimizer__lr=...`` to
+the optimizer (api-conventions.md §3), with errors that name the routed key and the likely fix."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+
+from . import porting
+
+#: The prefixes whose ``prefix__name`` parameters go to the object built from ``prefix``.
+ROUTED = ("module", "criterion", "optimizer", "batch_size", "callbacks")
+
+
+def routed_prefix(key: str) -> str | None:
+    """The prefix ``key`` is routed to, or None.
+
+    Examples
+    --------
+    >>> routed_prefix("optimizer__lr"), routed_prefix("max_epochs")
+    ('optimizer', None)
+    """
+    for prefix in ROUTED:
+        if key.startswith(prefix + "__"):
+            return prefix
+    return None
+
+
+def construct(factory, params: dict, prefix: str, *args):
+    """Call ``factory(*args, **params)``, naming the routed key on a bad name."""
+    try:
+        return factory(*args, **params)
+    except porting.OldSpellingError as err:
+        raise ValueError(f"{prefix}__*: {err}") from err
+    except TypeError as err:
+        accepted = accepted_names(factory)
+        bad = [k for k in params if accepted is not None and k not in accepted]
+        if bad:
+            hint = did_you_mean(bad[0], accepted)
+            raise ValueError(
+                f"{prefix}__{bad[0]} is not a parameter of {getattr(factory, '__name__', factory)}.{hint}"
+            ) from err
+        raise ValueError(f"Could not build {prefix} {getattr(factory, '__name__', factory)}: {err}") from err
+
+
+def accepted_names(factory) -> set[str] | None:
+    """The keyword arguments ``factory`` takes (None: any, or unknown)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+def did_you_mean(key: str, known) -> str:
+    """A hint for a misspelled ``key``: a missing double underscore, or the closest known name.
+
+    Examples
+    --------
+    >>> did_you_mean("optimizer_lr", {"max_epochs"})
+    " Did you mean 'optimizer__lr'?"
+    """
+    for prefix in ROUTED:
+        if key.startswith(prefix + "_") and not key.startswith(prefix + "__"):
+            return f" Did you mean {prefix + '__' + key[len(prefix) + 1 :]!r}?"
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
