@@ -1,9 +1,19 @@
 """scikit-learn estimators that train PyTorch modules on a Dask cluster.
 
 The estimators validate everything up front (before any cluster work), build
-the module, criterion, optimizer and damper, and hand them to the engine.
-Routed parameters follow skorch: ``module__hidden=8``, ``optimizer__lr=0.05``,
-``criterion__weight=...``, ``batch_size__delay=5`` (api-conventions.md §3).
+the module, criterion, optimizer and damper, and hand them to the fit loop
+(:mod:`adadamp.engine.loop`).  Routed parameters follow skorch:
+``module__hidden=8``, ``optimizer__lr=0.05``, ``criterion__weight=...``,
+``batch_size__delay=5`` (api-conventions.md §3, :mod:`adadamp.routing`).
+
+Why one module of ~1,000 lines: it is one scikit-learn contract, the
+constructor parameters and their documentation, validation, the fit /
+partial_fit / warm-start semantics, the fitted attributes and their
+persistence, which the classifier and the regressor share and differ from
+only in target encoding and scoring.  Like scikit-learn's own estimator
+modules (``neural_network/_multilayer_perceptron.py``), it is kept together
+so the contract is read and changed in one place; training, cluster sizing,
+routing and input conversion live in their own modules.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ Plain dataclasses with no Dask and no engine imports, so the workers (``adadamp.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -51,8 +50,8 @@ class UpdateRecord:
     update_time: float
 
     def row(self) -> dict:
-        """The record as a row of ``history_[i]["updates"]``."""
-        return dataclasses.asdict(self)
+        """The record as a row of ``history_[i]["updates"]`` (a shallow dict: every field is a number)."""
+        return dict(self.__dict__)
 
 
 def epoch_row(epoch: int, updates: list[dict], n_updates: int, n_samples_seen: int, dur: float) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import doctest
 import importlib
 import inspect
+import pkgutil
 import re
 import subprocess
 import sys
@@ -24,9 +25,13 @@ DOCTESTED = (
     "adadamp.callbacks",
     "adadamp.checkpoint",
     "adadamp.dampers",
+    "adadamp.engine",
     "adadamp.estimators",
     "adadamp.exceptions",
     "adadamp.modules",
+    "adadamp.porting",
+    "adadamp.records",
+    "adadamp.routing",
     "adadamp.simulate",
 )
 ESTIMATORS = ("DaskClassifier", "DaskRegressor")  # DaskBaseDamper's methods are theirs
@@ -116,6 +121,10 @@ def test_docstring_examples_run(modname):
     flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
     result = doctest.testmod(module, optionflags=flags)
     attempted, failed = result.attempted, result.failed
+    if hasattr(module, "__path__") and modname != "adadamp.dampers":  # a package: its modules, with its names
+        for info in pkgutil.iter_modules(module.__path__, prefix=f"{modname}."):
+            sub = doctest.testmod(importlib.import_module(info.name), extraglobs=vars(module), optionflags=flags)
+            attempted, failed = attempted + sub.attempted, failed + sub.failed
     # Docstrings under module-level assignments are not found by testmod.
     parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(optionflags=flags)
     for name, doc in _attribute_docs(module).items():

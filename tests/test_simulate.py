@@ -9,6 +9,7 @@ generated a synthetic history.
 from __future__ import annotations
 
 import doctest
+import importlib
 import math
 
 import numpy as np
@@ -99,9 +100,13 @@ def test_input_validation():
 
 
 def test_docstring_examples():
-    result = doctest.testmod(simulate, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted > 20
-    assert result.failed == 0
+    attempted = 0
+    for name in ("network", "timing", "trace", "calibration"):
+        module = importlib.import_module(f"adadamp.simulate.{name}")
+        result = doctest.testmod(module, extraglobs=vars(simulate), optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0, name
+        attempted += result.attempted
+    assert attempted > 20
 
 
 # --------------------------------------------------------------------------- schedule expander

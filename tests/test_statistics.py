@@ -7,7 +7,7 @@ import torch
 from sklearn.datasets import make_regression
 from torch import nn
 
-from adadamp import DaskRegressor, _worker
+from adadamp import DaskRegressor, _worker, gradient, parameters
 from adadamp.dampers import AdaScale, DynamicSGD, RadaDamp
 
 
@@ -15,15 +15,15 @@ def _fit_state(module, criterion, n=16, seed=0):
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, 6)).astype(np.float32)
     y = rng.normal(size=(n, 1)).astype(np.float32)
-    flat, grads = _worker.flatten_parameters(module)
+    flat, grads = parameters.flatten_parameters(module)
     state = _worker._FitState(module, criterion, torch.device("cpu"), flat, grads, n,
-                              buffers=_worker.float_buffers(module))
+                              buffers=parameters.float_buffers(module))
     state.update_blocks([(0, np.arange(n), X, y)], [])
     return state
 
 
 def _gradient(state, indices, n_chunks):
-    r = _worker._gradient(state, state.flat.numpy().copy(), np.asarray(indices), n_chunks, seed=3)
+    r = gradient.share_gradient(state, state.flat.numpy().copy(), np.asarray(indices), n_chunks, seed=3)
     return r, None if r["grad"] is None else r["grad"].copy()
 
 

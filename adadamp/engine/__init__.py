@@ -15,8 +15,10 @@
     shared memory, Dask RPCs).
 ``aggregation``
     where the workers' gradients are summed (rank order, in place).
+``backend``
+    what the fit loop needs from a way of training (the :class:`Backend` protocol).
 ``parameter_server``
-    the backend: one synchronous update at a time, the client steps.
+    the first backend: one synchronous update at a time, the client steps.
 ``loop``
     the fit loop: epochs, the callbacks' hooks, validation loss, checkpoints.
 
@@ -26,7 +28,8 @@ The batch size, learning-rate factor and momentum of each update come from the d
 This package talks to Dask and PyTorch; it knows nothing about scikit-learn.
 """
 
+from .backend import Backend
 from .parameter_server import ParameterServer
 from .sampler import LoopState, Sampler
 
-__all__ = ["LoopState", "ParameterServer", "Sampler"]
+__all__ = ["Backend", "LoopState", "ParameterServer", "Sampler"]

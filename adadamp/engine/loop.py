@@ -16,6 +16,7 @@ import torch
 from .. import callbacks as callbacks_mod
 from .. import checkpoint as checkpoint_mod
 from ..records import TrainingState
+from .backend import Backend
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class FitLoop:
             checkpoint_mod.save(self.checkpoint, self.state, updates)
         self.call("on_update_end", record=updates[-1])
 
-    def run(self, backend, epochs: int, epoch_updates: list[dict]) -> None:
+    def run(self, backend: Backend, epochs: int, epoch_updates: list[dict]) -> None:
         """``epoch_updates``: the records of the current epoch's earlier updates (resuming mid-epoch)."""
         s = self.state
         self.call("on_train_begin")

@@ -38,11 +38,12 @@ from distributed.protocol import to_serialize
 
 from .. import cluster as cl
 from .. import shm
-from .._worker import TrainerPlugin, bind_parameters, flatten_parameters, float_buffers
+from .._worker import TrainerPlugin
 from ..channel import tcp_host
 from ..dampers import BaseDamper, GradStats
 from ..exceptions import ConvergenceError, NoWorkersError
 from ..optimizer_plan import apply_plan
+from ..parameters import bind_parameters, flatten_parameters, float_buffers
 from ..records import UpdateRecord, epoch_row
 from ..shm import SharedBuffers
 from .aggregation import GradientSum, Totals

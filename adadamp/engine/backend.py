@@ -1,0 +1,33 @@
+"""What the fit loop needs from a backend: the one interface every way of training implements.
+
+The parameter server (:class:`~adadamp.engine.ParameterServer`: the client holds the weights and
+steps) is the first implementation; a decentralized all-reduce among the workers is the next.  A
+backend is built for one ``fit`` call from the training state, the data and the cluster policy,
+acquires its workers on ``__enter__`` and releases everything on ``__exit__``, whatever happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, Self
+
+
+class Backend(Protocol):
+    """One ``fit`` call's training on the cluster."""
+
+    @property
+    def workers(self) -> list[str]:
+        """The workers taking part now, in rank order."""
+
+    def __enter__(self) -> Self:
+        """Acquire the workers, channels and memory the fit needs (all released if this raises)."""
+
+    def __exit__(self, *exc) -> None:
+        """Release everything acquired."""
+
+    def run_epoch(self, updates: list[dict] | None = None, on_update: Callable[[list[dict]], None] | None = None) -> dict:
+        """Model updates until the epoch clock passes the next whole epoch; returns the epoch's row.
+
+        ``updates`` holds the records of this epoch's earlier updates when resuming mid-epoch;
+        ``on_update(updates)`` runs after every update.
+        """

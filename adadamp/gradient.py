@@ -1,0 +1,139 @@
+"""One worker's share of an update: the gradient SUM over its examples, the loss sum and the
+statistics the damper asked for, from one forward pass (runs on the workers).
+
+Sums, not means: the client adds the workers' sums and divides once by the batch's total, so the
+result does not depend on how the batch was split (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from .exceptions import ShareTooSmallError
+from .seeding import seeded
+
+if TYPE_CHECKING:
+    from ._worker import _FitState
+
+
+def share_gradient(state: _FitState, weights, indices: np.ndarray, n_chunks: int, seed: int) -> dict:
+    """The gradient sum over ``indices`` (resident rows) at ``weights`` (None: already in place).
+
+    Returns numpy arrays (``grad`` is None when it went to shared memory)
+    and the example count, the loss sum and, with ``n_chunks > 1``, the
+    chunk statistics AdaScale needs.
+    """
+    with state.lock:
+        state.last_used = time.monotonic()
+        start = time.perf_counter()
+        rows = state.local_row[indices]
+        if (rows < 0).any():
+            missing = np.asarray(indices)[rows < 0][:5]
+            raise KeyError(f"examples {missing.tolist()} are not resident on this worker")
+        if state.shared and state.device.type != "cpu":
+            state.flat.copy_(state.shared_weights, non_blocking=True)
+        elif not state.shared:
+            state.flat.copy_(torch.from_numpy(np.asarray(weights)), non_blocking=True)
+        rows_t = torch.from_numpy(rows).to(state.device)
+        X = state.X_dev.index_select(0, rows_t)
+        y = state.y_dev.index_select(0, rows_t)
+        n = len(rows)
+        state.grads.zero_()
+        with seeded(seed, state.device):
+            out = _forward(state.module, X)  # one forward: BatchNorm sees the share once, as without statistics
+            loss, weight = _loss_sum(state.criterion, out, y, n)
+            first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
+            loss.backward()  # the trained gradient: the same with or without statistics
+        sq_sum, n_stat_chunks = 0.0, 0
+        if n_chunks > 1:  # AdaScale's statistics (algorithms.md §2.3): every share is a chunk
+            whole = state.grads.double()
+            if first is None:  # a one-example share: one chunk
+                sq_sum, n_stat_chunks = float(whole.square().sum()) / n, 1
+            else:
+                m = n // 2
+                sq_sum = float(first.square().sum()) / m + float((whole - first).square().sum()) / (n - m)
+                n_stat_chunks = 2
+        loss_sum = float(loss.detach())
+        if state.shared:
+            if state.device.type != "cpu":
+                state.shared_gradient.copy_(state.grads)
+            grad = None  # the client reads it from shared memory
+        else:
+            grad = state.grads.detach().to("cpu").numpy()
+        return {
+            "buffers": torch.cat([b.reshape(-1) for b in state.buffers]).cpu().numpy() if state.buffers else None,
+            "grad": grad,
+            "n": n,
+            "weight": weight,
+            "loss_sum": loss_sum,
+            "chunk_sq_norm_sum": sq_sum,
+            "n_chunks": n_stat_chunks,
+            "compute_time": time.perf_counter() - start,
+        }
+
+
+_BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
+
+def _forward(module: torch.nn.Module, X: torch.Tensor) -> torch.Tensor:
+    """``module(X)``; a one-example share that a training-mode BatchNorm cannot take is named as such."""
+    try:
+        return module(X)
+    except ValueError as err:
+        if len(X) == 1 and module.training and any(isinstance(m, _BATCH_NORMS) for m in module.modules()):
+            raise ShareTooSmallError(
+                "A worker's share of this update was 1 example, too few for the module's batch normalization "
+                "in training mode. Shares follow where the data lives, so raise the batch size or "
+                "grads_per_worker (fewer workers per batch)."
+            ) from err
+        raise
+
+
+def _loss_sum(criterion, out, y, n: int) -> tuple[torch.Tensor, float]:
+    """The share's loss as a sum, and what the full batch's mean divides that sum by.
+
+    Gradients are sums and the client divides once by the batch's total
+    (DESIGN.md §4).  A mean-reduced criterion is turned back into a sum: for
+    most criteria by the example count, but a class-weighted or
+    ``ignore_index`` mean (CrossEntropyLoss, NLLLoss) divides by the targets'
+    total weight, so that sum is computed (``reduction="sum"``) and that
+    weight returned: the batch's loss is then exactly the criterion's
+    weighted mean over all workers' examples.
+    """
+    if getattr(criterion, "reduction", "mean") != "mean":
+        return criterion(out, y), float(n)
+    ignore = getattr(criterion, "ignore_index", None)
+    weights = getattr(criterion, "weight", None)
+    if (
+        ignore is None
+        or y.is_floating_point()
+        or (weights is None and (ignore < 0 or not bool((y == ignore).any())))  # labels are >= 0: nothing ignored
+    ):
+        return criterion(out, y) * n, float(n)
+    kept = y != ignore
+    per_target = torch.ones_like(y, dtype=out.dtype) if weights is None else weights.to(out.dtype)[y.clamp(min=0)]
+    original = criterion.reduction
+    criterion.reduction = "sum"
+    try:
+        total = criterion(out, y)
+    finally:
+        criterion.reduction = original
+    return total, float((per_target * kept).sum())
+
+
+def _first_half_gradient(state: _FitState, out, y, n: int) -> torch.Tensor:
+    """The gradient sum of the share's first ``n // 2`` examples, from the share's one forward pass.
+
+    An extra backward of that half's loss (the graph is kept for the full
+    backward that follows); the second half's sum is then ``G - G_1``.
+    Nothing here changes what is trained, and BatchNorm sees the share once.
+    """
+    m = n // 2
+    params = [p for p in state.module.parameters() if p.requires_grad]
+    half, _ = _loss_sum(state.criterion, out[:m], y[:m], m)
+    grads = torch.autograd.grad(half, params, retain_graph=True, allow_unused=True)
+    return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double() for g, p in zip(grads, params)])

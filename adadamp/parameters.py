@@ -1,0 +1,56 @@
+"""A module's parameters and gradients as two flat float buffers (client and workers).
+
+The weights travel, are summed and are stepped as one contiguous buffer: the module's parameters
+are views into it, so copying weights in or gradients out is one ``memcpy`` (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["bind_parameters", "flatten_parameters", "float_buffers", "trainable"]
+
+
+def flatten_parameters(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Make every parameter and its gradient a view into two flat buffers.
+
+    Returns ``(flat_params, flat_grads)``.  Gradients accumulate in place into
+    the views as long as ``.grad`` is never set to None, so the flat gradient
+    buffer is the gradient sum without any copy (DESIGN.md §3).
+    """
+    params = trainable(module)
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    return bind_parameters(module, flat, torch.zeros_like(flat))
+
+
+def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("The module has no trainable parameters.")
+    return params
+
+
+def bind_parameters(
+    module, flat: torch.Tensor, grads: torch.Tensor, copy_values: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Point the parameters (and gradients) of ``module`` into ``flat`` (and ``grads``).
+
+    With ``copy_values`` the parameters keep their values (written into
+    ``flat``); without, they take the values ``flat`` holds (a worker mapping
+    the client's shared weights must not overwrite them).
+    """
+    offset = 0
+    for p in trainable(module):
+        n = p.numel()
+        view = flat[offset : offset + n].view_as(p)
+        if copy_values and view.data_ptr() != p.data_ptr():
+            view.copy_(p.detach())
+        p.data = view
+        p.grad = grads[offset : offset + n].view_as(p)
+        offset += n
+    return flat, grads
+
+
+def float_buffers(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Floating-point buffers (BatchNorm running statistics) that training updates."""
+    return [b for b in module.buffers() if b.is_floating_point()]

@@ -1,0 +1,203 @@
+"""Network cost models of one update's communication: the parameter server's gather/scatter
+(:class:`Centralized`) and a ring all-reduce (:class:`RingAllReduce`) (Holt & Sievert 2021,
+"Simulations"; ``notes/dask-engine.md`` §2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+
+def gbit_per_s(gbits: float) -> float:
+    """Convert a link speed in gigabits per second to bytes per second.
+
+    Parameters
+    ----------
+    gbits : float
+        Link speed in Gb/s (10^9 bits per second), as network specs and the
+        paper's "Simulations" section state it.
+
+    Returns
+    -------
+    float
+        Bytes per second, the unit every ``bandwidth`` in this module uses.
+
+    Examples
+    --------
+    >>> gbit_per_s(54)
+    6750000000.0
+    """
+    return float(gbits) * 1e9 / 8.0
+
+
+def _check_nonneg(value: float, name: str) -> None:
+    if not (isinstance(value, (int, float, np.integer, np.floating)) and value >= 0):
+        raise ValueError(f"{name} must be a number >= 0; got {value!r}.")
+
+
+def _check_bandwidth(value: float) -> None:
+    if not (isinstance(value, (int, float, np.integer, np.floating)) and value > 0):
+        raise ValueError(f"bandwidth must be > 0 bytes/s (math.inf allowed); got {value!r}.")
+
+
+def _as_counts(x: ArrayLike, name: str) -> NDArray[np.int64]:
+    arr = np.asarray(x)
+    if arr.ndim > 1:
+        raise ValueError(f"{name} must be a scalar or 1-D; got shape {arr.shape}.")
+    if arr.size and not np.all(np.equal(np.mod(arr, 1), 0)):
+        raise ValueError(f"{name} must hold integers; got {arr!r}.")
+    out = np.atleast_1d(arr).astype(np.int64)
+    if out.size and out.min() < 1:
+        raise ValueError(f"{name} must be >= 1 everywhere; got min {out.min()}.")
+    return out
+
+
+@dataclass(frozen=True)
+class Centralized:
+    """Synchronous centralized parameter server (what adadamp implements).
+
+    Every update the client (the parameter server) sends the weights to each
+    of the ``P`` workers and receives one gradient from each, all through its
+    own link (point-to-point, ``notes/dask-engine.md`` §2 "Gather to client"
+    plus the direct per-worker broadcast), then steps the optimizer.  The
+    communication and overhead of one update is::
+
+        latency + overhead_per_update + P * (overhead_per_worker + 2 * M / bandwidth)
+
+    which covers items (1), (3), (4) and (5) of the paper's list of what a
+    centralized update costs ("Future work / Architecture"); item (2), the
+    gradient computation, is the compute term of :func:`update_times`.
+
+    Parameters
+    ----------
+    bandwidth : float
+        Bytes per second of the client's link (use :func:`gbit_per_s`;
+        ``math.inf`` when transfers are folded into the overheads, as on a
+        single-machine LocalCluster).
+    latency : float, default 0
+        Round-trip latency client <-> worker in seconds, paid once per update
+        (all workers are contacted concurrently).
+    overhead_per_update : float, default 0
+        Fixed seconds per update: scheduling, the Dask round trip, the
+        optimizer step (paper items 4-5).
+    overhead_per_worker : float, default 0
+        Seconds per worker per update beyond the bytes on the wire:
+        per-task submission, (de)serialization, summing that worker's
+        gradient on the client (paper item 4).
+
+    Examples
+    --------
+    >>> net = Centralized(bandwidth=1e6, latency=0.01, overhead_per_update=0.02,
+    ...                   overhead_per_worker=0.001)
+    >>> round(float(net.comm_time(4, n_bytes=1000)[0]), 9)  # 0.03 + 4 * (0.001 + 0.002)
+    0.042
+    """
+
+    bandwidth: float
+    latency: float = 0.0
+    overhead_per_update: float = 0.0
+    overhead_per_worker: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_bandwidth(self.bandwidth)
+        _check_nonneg(self.latency, "latency")
+        _check_nonneg(self.overhead_per_update, "overhead_per_update")
+        _check_nonneg(self.overhead_per_worker, "overhead_per_worker")
+
+    def comm_time(self, n_workers: ArrayLike, n_bytes: float) -> NDArray[np.float64]:
+        """Seconds of one update spent outside gradient computation.
+
+        Parameters
+        ----------
+        n_workers : int or array of int
+            Workers ``P`` taking part in each update.
+        n_bytes : float
+            Bytes of the weights (and of each gradient), ``M``.
+
+        Returns
+        -------
+        ndarray of float
+            One value per entry of ``n_workers``.
+
+        Examples
+        --------
+        >>> Centralized(bandwidth=100.0).comm_time([1, 2], n_bytes=50).tolist()
+        [1.0, 2.0]
+        """
+        p = _as_counts(n_workers, "n_workers").astype(np.float64)
+        per_worker = self.overhead_per_worker + 2.0 * float(n_bytes) / self.bandwidth
+        return self.latency + self.overhead_per_update + p * per_worker
+
+
+@dataclass(frozen=True)
+class RingAllReduce:
+    """Decentralized synchronous training with a ring all-reduce.
+
+    Every worker holds the model; gradients are summed with the
+    bandwidth-optimal ring all-reduce (reduce-scatter then all-gather,
+    ``2 (P - 1)`` steps, each moving ``M / P`` bytes per worker), as PyTorch
+    distributed does (paper "Future work / Architecture";
+    ``notes/dask-engine.md`` §2 "Collective all-reduce").  The paper's
+    ``decentralized-*`` networks of Table 2.  Communication per update::
+
+        2 (P - 1) / P * M / bandwidth + 2 (P - 1) * latency
+
+    so a single worker communicates nothing.  There is no broadcast of the
+    model and no central overhead (the paper: decentralized communication
+    eliminates items 1 and 4 and mitigates 3).
+
+    Parameters
+    ----------
+    bandwidth : float
+        Bytes per second of each inter-worker link.
+    latency : float, default 0
+        One-way latency of one ring step, in seconds.
+
+    Examples
+    --------
+    >>> net = RingAllReduce(bandwidth=1e6, latency=1e-3)
+    >>> net.comm_time([1, 4], n_bytes=1000).round(6).tolist()  # 4: 1.5e-3 + 6e-3
+    [0.0, 0.0075]
+    """
+
+    bandwidth: float
+    latency: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_bandwidth(self.bandwidth)
+        _check_nonneg(self.latency, "latency")
+
+    def comm_time(self, n_workers: ArrayLike, n_bytes: float) -> NDArray[np.float64]:
+        """Seconds of one update spent in the all-reduce.
+
+        Parameters
+        ----------
+        n_workers : int or array of int
+            Workers ``P`` in the ring.
+        n_bytes : float
+            Bytes of the gradient, ``M``.
+
+        Returns
+        -------
+        ndarray of float
+            One value per entry of ``n_workers``.
+
+        Examples
+        --------
+        >>> RingAllReduce(bandwidth=100.0).comm_time([1, 2], n_bytes=50).tolist()
+        [0.0, 0.5]
+        """
+        p = _as_counts(n_workers, "n_workers").astype(np.float64)
+        return 2.0 * (p - 1.0) / p * float(n_bytes) / self.bandwidth + 2.0 * (p - 1.0) * self.latency
+
+
+Network = Centralized | RingAllReduce
+"""Either network model; both expose ``comm_time(n_workers, n_bytes)``.
+
+Examples
+--------
+>>> isinstance(RingAllReduce(bandwidth=gbit_per_s(800)), Network)
+True
+"""
