@@ -241,6 +241,21 @@ async def _adadamp_data(fit_id: str, add, drop) -> dict:
     return {"status": "OK", "blocks": blocks}
 
 
+def load_block(fit_id: str, block: int, start: int, X, y) -> int:
+    """Place a dask partition on this worker as block ``block`` of the fit (run as a task here).
+
+    Dask hands the task the partition (moved from another worker, or recomputed from its
+    lineage); the fit keeps one copy beside its other blocks.  Returns the examples placed.
+    """
+    state = _FITS.get(fit_id)
+    if state is None:
+        raise KeyError(f"fit {fit_id} is not set up on this worker (set-up lost or released)")
+    X = np.ascontiguousarray(np.asarray(X, dtype=np.float32))
+    y = np.ascontiguousarray(np.asarray(y))
+    state.update_blocks([(block, np.arange(start, start + len(X)), X, y)], [])
+    return len(X)
+
+
 async def _adadamp_release(fit_id: str) -> dict:
     _close_fit(fit_id)
     return {"status": "OK"}

@@ -26,6 +26,7 @@ import logging
 import math
 import numbers
 import os
+import time
 import types
 import warnings
 
@@ -45,6 +46,7 @@ from . import checkpoint, inputs, optimizer_plan, porting, routing
 from . import cluster as cl
 from .dampers import BaseDamper, Constant
 from .engine import LoopState, ParameterServer
+from .engine.data import ArrayData, DaskArrayData
 from .engine.loop import FitLoop
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .modules import MLP
@@ -506,32 +508,39 @@ class BaseDaskEstimator(BaseEstimator):
         self._check_params()
         if isinstance(X, torch.utils.data.Dataset):
             X, y = inputs.from_dataset(X, y)
-        X, y, features = self._to_arrays(X, y, reset=fresh)
-        y, targets = self._encode_targets(y, fresh=fresh, classes=classes)
-        targets.update(features)
-        n_outputs = self._n_outputs(targets, y)
+        if inputs.is_dask(X):
+            data, head, targets = self._dask_data(X, y, fresh=fresh, classes=classes)
+            X = y = None  # the data stays on the cluster
+            n_outputs = self._n_outputs(targets, head[1])
+        else:
+            X, y, features = self._to_arrays(X, y, reset=fresh)
+            y, targets = self._encode_targets(y, fresh=fresh, classes=classes)
+            targets.update(features)
+            n_outputs = self._n_outputs(targets, y)
         seed = int(check_random_state(self.random_state).randint(2**31 - 1)) if fresh else self.loop_.seed
         valid = None
         if self.validation_fraction:
             X, X_valid, y, y_valid = train_test_split(X, y, test_size=self.validation_fraction, random_state=seed)
             valid = (X_valid, y_valid)
+        if X is not None:
+            data, head = ArrayData(X, y), (X, y)
         if fresh:
-            module = self._build_module(int(np.prod(X.shape[1:])), n_outputs, seed)
+            module = self._build_module(int(np.prod(head[0].shape[1:])), n_outputs, seed)
             criterion = self._build_criterion()
-            self._check_output_shape(module, criterion, X, y, n_outputs)
+            self._check_output_shape(module, criterion, *head, n_outputs)
             state = TrainingState(
                 module=module,
                 criterion=criterion,
                 optimizer=self._build_optimizer(module),
-                damper=self._build_damper(len(X)),
-                loop=LoopState(seed=seed, n_data=len(X)),
+                damper=self._build_damper(len(data)),
+                loop=LoopState(seed=seed, n_data=len(data)),
                 targets=targets,
             )
             epoch_updates = []
             if self.checkpoint is not None and os.path.exists(self.checkpoint):
                 saved = checkpoint.load(self.checkpoint)
-                checkpoint.check_fingerprint(self.checkpoint, saved["fingerprint"], self._fingerprint(X, y))
-                epoch_updates = self._restore(state, saved, len(X))
+                checkpoint.check_fingerprint(self.checkpoint, saved["fingerprint"], self._fingerprint(data))
+                epoch_updates = self._restore(state, saved, len(data))
                 epochs -= len(state.history)
         else:
             epoch_updates = []
@@ -542,16 +551,16 @@ class BaseDaskEstimator(BaseEstimator):
             self._apply_optimizer_params(state)
             if self._damper_spec() != self._damper_spec_:
                 # batch_size changed since the last fit: a new damper, on the run's continuing clock
-                state.damper = self._build_damper(len(X)).continue_from(state.loop.progress)
-            if state.loop.n_data != len(X):
-                state.loop = state.loop.resized(len(X))
+                state.damper = self._build_damper(len(data)).continue_from(state.loop.progress)
+            if state.loop.n_data != len(data):
+                state.loop = state.loop.resized(len(data))
         if self.checkpoint is not None:
-            state.fingerprint = self._fingerprint(X, y)
+            state.fingerprint = self._fingerprint(data)
         optimizer_plan.check_supported(state.optimizer, state.damper)
         self._training_state = state  # save_params from a callback saves this state, not the last fit's
         start = state.loop.n_updates
         try:
-            self._train(state, X, y, epochs, epoch_updates, valid)
+            self._train(state, data, epochs, epoch_updates, valid)
         except (ConvergenceError, NoWorkersError, SchedulerLostError):
             if state.loop.n_updates > start:
                 self._commit(state)  # training stopped cleanly, with the last good weights
@@ -561,12 +570,74 @@ class BaseDaskEstimator(BaseEstimator):
         self._commit(state)
         return self
 
-    def _fingerprint(self, X, y) -> dict:
+    def _dask_data(self, X, y, *, fresh: bool, classes=None):
+        """A dask ``X, y`` checked and encoded on the cluster, persisted there; returns the data
+        source, the first two examples (for the module's shape check) and the target attributes."""
+        import dask
+        import dask.array as da
+
+        client = self.client if self.client is not None else _active_client()
+        if client is None:
+            raise ValueError(
+                "A dask X trains on the cluster it lives on: create a distributed.Client first "
+                "(or pass client=...)."
+            )
+        if self.validation_fraction:
+            raise ValueError(
+                "validation_fraction needs the data on the client; with a dask X hold out a validation set "
+                "with dask_ml.model_selection.train_test_split and score it, or leave validation_fraction=None."
+            )
+        start = time.perf_counter()
+        X, y, names = inputs.dask_arrays(X, y)
+        if not fresh and X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} was fitted with "
+                             f"{self.n_features_in_}.")
+        checks = {"finite": da.isfinite(X).all()}
+        classifier = isinstance(self, ClassifierMixin)
+        if classifier:
+            if y.ndim != 1:
+                raise ValueError(f"DaskClassifier expects 1-d labels; got y of shape {y.shape}.")
+            checks["labels"] = da.unique(y)
+        else:
+            checks["y_finite"] = da.isfinite(y.astype(np.float32)).all()
+        with client.as_current():
+            (checked,) = dask.compute(checks)  # one pass on the cluster; only these scalars come back
+        logger.info("dask data: %d examples in %d partitions, checked on the cluster in %.2f s",
+                    X.shape[0], len(X.chunks[0]), time.perf_counter() - start)
+        if not checked["finite"]:
+            raise ValueError("Input X contains NaN or infinity (checked on the cluster).")
+        if classifier:
+            labels = checked["labels"]
+            check_classification_targets(labels)
+            known = (np.unique(classes) if classes is not None else labels) if fresh else self.classes_
+            unknown = np.setdiff1d(labels, known)
+            if len(unknown):
+                raise ValueError(f"y contains labels not in classes: {unknown[:10].tolist()}.")
+            y = y.map_blocks(inputs.encode_labels, known=known, dtype=np.int64)
+            targets = {"classes_": known}
+        else:
+            if not checked["y_finite"]:
+                raise ValueError("y has values beyond float32's range (or NaN); scale y, training is in float32.")
+            y_1d = y.ndim == 1
+            if not fresh and y_1d != self._y_1d:
+                raise ValueError(f"y has {y.ndim} dimension(s) but the estimator was fitted with the other shape.")
+            y = (y[:, None] if y_1d else y).astype(np.float32)
+            targets = {"_y_1d": y_1d}
+        if fresh:
+            targets["n_features_in_"] = X.shape[1]
+            if names is not None:
+                targets["feature_names_in_"] = names
+        with client.as_current():
+            X, y = client.persist([X, y])
+            head = dask.compute(X[:2], y[:2])  # two examples, for the module's shape check
+        return DaskArrayData(client, X, y), head, targets
+
+    def _fingerprint(self, data) -> dict:
         """What decides this fit's trajectory: the training data and the parameters (not max_epochs)."""
         keys = ("module", "criterion", "optimizer", "batch_size", "random_state", "validation_fraction")
         params = {k: v for k, v in self.get_params(deep=False).items() if k in keys or routing.routed_prefix(k)}
         params = {k: v for k, v in params.items() if not k.startswith("callbacks__")}
-        return checkpoint.fingerprint(X, y, params)
+        return checkpoint.fingerprint(data.X, data.y, params)
 
     def _apply_optimizer_params(self, state: TrainingState) -> None:
         """``set_params(optimizer=..., optimizer__*=...)`` since the last fit takes effect now (as in skorch)."""
@@ -607,7 +678,7 @@ class BaseDaskEstimator(BaseEstimator):
         state.loop, state.history = loop, list(saved["history"])
         return saved["epoch_updates"]
 
-    def _train(self, state: TrainingState, X, y, epochs: int, epoch_updates: list, valid=None) -> None:
+    def _train(self, state: TrainingState, data, epochs: int, epoch_updates: list, valid=None) -> None:
         if epochs <= 0:
             return
         # the clones that run, kept with what they learn (EarlyStopping.best_epoch_)
@@ -626,8 +697,7 @@ class BaseDaskEstimator(BaseEstimator):
                 optimizer=state.optimizer,
                 damper=state.damper,
                 loop=state.loop,
-                X=X,
-                y=y,
+                data=data,
                 policy=policy,
                 device=str(self.device),
             )

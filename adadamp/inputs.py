@@ -43,3 +43,62 @@ def scoring_data(X, y):
     if isinstance(X, torch.utils.data.Dataset):
         return from_dataset(X, y)
     return X, y
+
+
+def is_dask(X) -> bool:
+    """Whether ``X`` is a dask collection (array or DataFrame): it is trained on where it lives."""
+    try:
+        import dask
+    except ImportError:  # pragma: no cover
+        return False
+    return dask.is_dask_collection(X)
+
+
+def dask_arrays(X, y):
+    """``X, y`` as dask arrays chunked along axis 0 only, with the same chunks, float32 ``X``.
+
+    DataFrames and Series become arrays; unknown chunk sizes are computed (on the cluster), not
+    rejected.  Returns ``(X, y, feature_names)`` (the DataFrame's string column names, or None).
+    """
+    import dask.array as da
+    import dask.dataframe as dd
+
+    if y is None:
+        raise ValueError("A dask X needs its targets y (a dask array or Series with the same partitions).")
+    names = None
+    if isinstance(X, dd.DataFrame):
+        columns = list(X.columns)
+        names = np.asarray(columns, dtype=object) if all(isinstance(c, str) for c in columns) else None
+        X = X.to_dask_array(lengths=True)
+    if isinstance(y, dd.DataFrame | dd.Series):
+        y = y.to_dask_array(lengths=True)
+    if not isinstance(y, da.Array):
+        y = da.from_array(np.asarray(y), chunks=(X.chunks[0] if not np.isnan(X.shape[0]) else "auto",))
+    for name, a in (("X", X), ("y", y)):
+        if not isinstance(a, da.Array):
+            raise TypeError(f"{name} must be a dask array, DataFrame or Series with a dask X; got {type(a).__name__}.")
+    if any(np.isnan(c) for c in X.chunks[0]):
+        X = X.compute_chunk_sizes()
+    if any(np.isnan(c) for c in y.chunks[0]):
+        y = y.compute_chunk_sizes()
+    if X.ndim < 2:
+        raise ValueError(f"X must have at least 2 dimensions (examples x features); got shape {X.shape}.")
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f"X and y have different numbers of examples: {X.shape[0]} and {y.shape[0]}.")
+    if X.shape[0] < 2:
+        raise ValueError(f"Found {X.shape[0]} sample(s); adadamp needs at least 2 samples to train.")
+    X = X.astype(np.float32).rechunk({i: -1 for i in range(1, X.ndim)})
+    y = y.rechunk({0: X.chunks[0], **{i: -1 for i in range(1, y.ndim)}})
+    return X, y, names
+
+
+def encode_labels(labels: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Class indices of ``labels`` in the sorted ``known`` classes (a module-level function, so a
+    dask graph that uses it tokenizes the same in every run).
+
+    Examples
+    --------
+    >>> encode_labels(np.array(["b", "a", "b"]), known=np.array(["a", "b"])).tolist()
+    [1, 0, 1]
+    """
+    return np.searchsorted(known, labels).astype(np.int64)

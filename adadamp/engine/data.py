@@ -1,17 +1,32 @@
 """The training data a fit places on its workers, behind one small interface.
 
-A data source knows how many examples it has and hands out the rows of a block for placing on
-a worker.  In-memory arrays are the one source today; the data-in-Dask issue adds dask
-collections (blocks made on the workers) and lazy torch Datasets behind the same calls.
+A data source knows how many examples it has, how they are cut into blocks, where Dask already
+holds each block, and how to move blocks to workers:
+
+* :class:`ArrayData`: NumPy arrays held by the client; a block is sent from the client whenever
+  it is placed (again), so a lost worker's blocks come back from the client's copy.
+* :class:`DaskArrayData`: a dask array's persisted partitions are the blocks; the client holds
+  only their keys and lengths.  A block is placed by a task on the receiving worker that takes
+  the partition as input, so Dask moves it between workers, or recomputes it from its lineage
+  when the worker that held it died; nothing passes through the client.
 """
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+from distributed import Client, Future, wait
+from distributed.protocol import to_serialize
+
+from .placement import Placement
+from .transport import LOST, Transport
+
+logger = logging.getLogger(__name__)
 
 
 class ArrayData:
-    """NumPy ``X, y`` held by the client: a block is sent from here when it is placed (again).
+    """NumPy ``X, y`` held by the client.
 
     Examples
     --------
@@ -28,7 +43,107 @@ class ArrayData:
     def __len__(self) -> int:
         return len(self.X)
 
+    def placement(self, n_blocks: int = 256) -> Placement:
+        return Placement(len(self), n_blocks)
+
+    def preferred(self, placement: Placement) -> list[str | None] | None:
+        """Where each block already is (nowhere: the client holds the data)."""
+        return None
+
     def rows(self, rows: range) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The example indices, inputs and targets of ``rows``."""
         part = slice(rows.start, rows.stop)
         return np.arange(rows.start, rows.stop), self.X[part], self.y[part]
+
+    def move(self, transport: Transport, placement: Placement, add: dict, drop: dict, timeout: float) -> dict:
+        """Send each worker its new blocks and drop the ones it gave up; returns ``{worker: error}``
+        for the workers lost meanwhile (other errors raise)."""
+        calls = []
+        for w, blocks_of_w in add.items():
+            blocks = [(b, *self.rows(placement.rows(b))) for b in blocks_of_w]
+            if blocks or drop[w]:
+                kwargs = {"fit_id": transport.fit_id, "add": to_serialize(blocks), "drop": drop[w]}
+                calls.append((w, "adadamp_data", kwargs))
+        return _lost_ones(calls, transport.call_all(calls, timeout=timeout))
+
+
+class DaskArrayData:
+    """A dask array ``X`` and its targets ``y``, persisted on the cluster, chunked along axis 0 only.
+
+    ``X`` and ``y`` must have the same chunks along axis 0; each pair of partitions is a block.
+    """
+
+    def __init__(self, client: Client, X, y):
+        self.client = client
+        self.X, self.y = X, y
+        self.lengths = [int(n) for n in X.chunks[0]]
+        self.X_parts = _partition_futures(client, X)
+        self.y_parts = _partition_futures(client, y)
+
+    def __len__(self) -> int:
+        return int(sum(self.lengths))
+
+    def placement(self, n_blocks: int = 256) -> Placement:
+        return Placement(len(self), lengths=self.lengths)
+
+    def preferred(self, placement: Placement) -> list[str | None]:
+        """The worker that holds each block's inputs now (placing it there moves nothing)."""
+        holders = self.client.who_has(self.X_parts)
+        return [next(iter(holders.get(f.key, ())), None) for f in self.X_parts]
+
+    def move(self, transport: Transport, placement: Placement, add: dict, drop: dict, timeout: float) -> dict:
+        from .._worker import load_block
+
+        drops = [(w, "adadamp_data", {"fit_id": transport.fit_id, "add": [], "drop": drop[w]}) for w in drop if drop[w]]
+        failed = _lost_ones(drops, transport.call_all(drops, timeout=timeout))
+        futures = []
+        for w, blocks in add.items():
+            for b in blocks:
+                start = placement.rows(b).start
+                future = self.client.submit(
+                    load_block, transport.fit_id, b, start, self.X_parts[b], self.y_parts[b],
+                    workers=[w], allow_other_workers=False, pure=False,
+                )
+                futures.append((w, future))
+        if futures:
+            try:
+                wait([f for _, f in futures], timeout=timeout)
+            except TimeoutError:
+                pass  # the ones still pending are looked at below
+        for w, f in futures:
+            if f.status == "finished":
+                continue
+            if f.status == "error":
+                err = f.exception()
+                if not isinstance(err, LOST):
+                    raise err
+                failed.setdefault(w, err)
+            else:  # still waiting: its worker is gone (a task may only run there)
+                f.cancel()
+                failed.setdefault(w, TimeoutError(f"block {f} was not placed on {w} within {timeout} s"))
+        return failed
+
+
+def _partition_futures(client: Client, collection) -> list[Future]:
+    """The futures of a persisted dask array's partitions along axis 0, in order."""
+    keys = list(_flat(collection.__dask_keys__()))  # nested lists of key tuples, axis 0 outermost
+    futures = {f.key: f for f in client.futures_of(collection)}
+    return [futures[k] for k in keys]
+
+
+def _flat(keys):
+    for k in keys:
+        if isinstance(k, list):
+            yield from _flat(k)
+        else:
+            yield k
+
+
+def _lost_ones(calls: list, replies: list) -> dict:
+    failed = {}
+    for (w, _, _), r in zip(calls, replies):
+        if isinstance(r, BaseException) and not isinstance(r, LOST):
+            raise r
+        if isinstance(r, BaseException):
+            failed[w] = r
+    return failed

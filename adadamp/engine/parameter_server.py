@@ -14,7 +14,8 @@ Each update (DESIGN.md §2-§3):
    damper for the learning-rate factor and momentum, and steps.
 
 A worker that dies or times out loses only its share of one update: its data blocks are placed
-again from the data source and its share is recomputed on the survivors (dask-engine.md §4.2).
+again from the data source (the client's arrays, or a dask array's lineage) and its share is
+recomputed on the survivors (dask-engine.md §4.2).
 This module talks to Dask; it knows nothing about scikit-learn.
 """
 
@@ -34,7 +35,6 @@ import dask
 import numpy as np
 import torch
 from distributed import Client
-from distributed.protocol import to_serialize
 
 from .. import cluster as cl
 from .. import shm
@@ -47,9 +47,9 @@ from ..parameters import bind_parameters, flatten_parameters, float_buffers
 from ..records import UpdateRecord, epoch_row
 from ..shm import SharedBuffers
 from .aggregation import GradientSum, Totals
-from .data import ArrayData
+from .data import ArrayData, DaskArrayData
 from .membership import Membership
-from .placement import Placement, plan_moves
+from .placement import plan_moves
 from .sampler import LoopState, Sampler
 from .transport import LOST, Transport, channels_enabled
 
@@ -83,8 +83,7 @@ class ParameterServer:
         optimizer: torch.optim.Optimizer,
         damper: BaseDamper,
         loop: LoopState,
-        X: np.ndarray,
-        y: np.ndarray,
+        data: ArrayData | DaskArrayData,
         policy: cl.ClusterPolicy,
         device: str = "cpu",
         n_blocks: int = 256,
@@ -95,9 +94,9 @@ class ParameterServer:
         self.optimizer = optimizer
         self.damper = damper
         self.loop = loop
-        self.data = ArrayData(X, y)
+        self.data = data
         self.sampler = Sampler(loop)
-        self.placement = Placement(len(X), n_blocks)
+        self.placement = data.placement(n_blocks)
         self._policy = policy
         self.device = device
         self.fit_id = f"adadamp-{uuid.uuid4().hex}"
@@ -191,19 +190,10 @@ class ParameterServer:
 
         Returns the workers that were lost while taking their blocks (other errors raise).
         """
-        owner, add, drop = plan_moves(self.placement.names(self.workers), new_workers)
-        calls = []
-        for w in new_workers:
-            blocks = [(b, *self.data.rows(self.placement.rows(b))) for b in add[w]]
-            if blocks or drop[w]:
-                calls.append((w, "adadamp_data", {"fit_id": self.fit_id, "add": to_serialize(blocks), "drop": drop[w]}))
-        replies = self.transport.call_all(calls, timeout=max(60.0, self.policy.update_timeout))
-        failed = {}
-        for (w, _, _), r in zip(calls, replies):
-            if isinstance(r, BaseException) and not isinstance(r, LOST):
-                raise r
-            if isinstance(r, BaseException):
-                failed[w] = r
+        preferred = self.data.preferred(self.placement)  # where Dask holds a block already (dask data)
+        owner, add, drop = plan_moves(self.placement.names(self.workers), new_workers, preferred)
+        timeout = max(60.0, self.policy.update_timeout)
+        failed = self.data.move(self.transport, self.placement, add, drop, timeout)
         self.placement.assign(owner, new_workers)
         sizes = sorted(int(c) for c in np.bincount(self.placement.owner, minlength=len(new_workers)))
         logger.info("workers: %d, blocks per worker: %s", len(new_workers), sizes)

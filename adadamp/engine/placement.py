@@ -12,11 +12,14 @@ import math
 import numpy as np
 
 
-def plan_moves(old: list[str | None], workers: list[str]) -> tuple[list[str], dict[str, list[int]], dict[str, list[int]]]:
+def plan_moves(
+    old: list[str | None], workers: list[str], preferred: list[str | None] | None = None
+) -> tuple[list[str], dict[str, list[int]], dict[str, list[int]]]:
     """New owners for the blocks owned by ``old`` (one name per block; None: not placed yet).
 
     Each worker gets ``n_blocks // len(workers)`` blocks, the first ``n_blocks % len(workers)``
-    one more; a block stays where it is while its owner is under quota.
+    one more; a block stays where it is while its owner is under quota, then goes to its
+    ``preferred`` worker (where Dask already holds it) while that one is under quota.
 
     Returns
     -------
@@ -39,6 +42,10 @@ def plan_moves(old: list[str | None], workers: list[str]) -> tuple[list[str], di
         if w in quota and count[w] < quota[w]:
             owner[b] = w
             count[w] += 1
+    for b, w in enumerate(preferred or ()):
+        if owner[b] is None and w in quota and count[w] < quota[w]:
+            owner[b] = w
+            count[w] += 1
     free = iter(w for w in workers for _ in range(quota[w] - count[w]))
     for b in range(n_blocks):
         if owner[b] is None:
@@ -54,7 +61,10 @@ def plan_moves(old: list[str | None], workers: list[str]) -> tuple[list[str], di
 
 
 class Placement:
-    """The blocks of ``n_examples`` examples (at most ``n_blocks``) and the rank holding each.
+    """The blocks of ``n_examples`` examples and the rank holding each.
+
+    Blocks are ``n_examples / n_blocks`` examples each (rounded up), or the given ``lengths``
+    (a dask collection's partitions).
 
     Examples
     --------
@@ -66,14 +76,27 @@ class Placement:
     [(0, [0, 4]), (1, [9])]
     """
 
-    def __init__(self, n_examples: int, n_blocks: int = 256):
+    def __init__(self, n_examples: int, n_blocks: int = 256, lengths: list[int] | None = None):
         self.n_examples = n_examples
-        self.block_size = math.ceil(n_examples / min(n_examples, n_blocks))
-        self.n_blocks = math.ceil(n_examples / self.block_size)
+        if lengths is None:
+            self.block_size: int | None = math.ceil(n_examples / min(n_examples, n_blocks))
+            self.n_blocks = math.ceil(n_examples / self.block_size)
+            self.starts = np.arange(self.n_blocks, dtype=np.int64) * self.block_size
+        else:
+            self.block_size = None  # blocks of their own sizes: found by binary search
+            self.n_blocks = len(lengths)
+            self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         self.owner = np.zeros(self.n_blocks, dtype=np.int64)  # rank of each block
 
     def rows(self, block: int) -> range:
-        return range(block * self.block_size, min((block + 1) * self.block_size, self.n_examples))
+        stop = self.starts[block + 1] if block + 1 < self.n_blocks else self.n_examples
+        return range(int(self.starts[block]), int(stop))
+
+    def blocks_of(self, idx: np.ndarray) -> np.ndarray:
+        """The block of each example index."""
+        if self.block_size is not None:
+            return idx // self.block_size
+        return np.searchsorted(self.starts, idx, side="right") - 1
 
     def names(self, workers: list[str]) -> list[str | None]:
         """The owner of each block by name (None for all before the first placement)."""
@@ -85,7 +108,7 @@ class Placement:
 
     def shares(self, parts: list[np.ndarray], n_ranks: int) -> list[tuple[int, np.ndarray]]:
         """Route example indices to their ranks: ``(rank, indices)`` for every rank with any, in rank order."""
-        owners = [(part, self.owner[part // self.block_size]) for part in parts]
+        owners = [(part, self.owner[self.blocks_of(part)]) for part in parts]
         out = []
         for k in range(n_ranks):
             sub = np.concatenate([part[owner == k] for part, owner in owners])

@@ -1,0 +1,133 @@
+"""Training data that stays in Dask: a dask array's partitions are the engine's blocks, checked and
+encoded on the cluster, placed by tasks on the workers (never through the client), and recomputed
+from their lineage when a worker holding them dies."""
+
+import dask  # noqa: F401
+import dask.array as da
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from distributed import wait
+
+from adadamp import DaskClassifier, DaskRegressor
+
+
+def _weights(est):
+    return torch.cat([p.detach().reshape(-1) for p in est.module_.parameters()]).numpy()
+
+
+@pytest.fixture(scope="module")
+def clf_arrays():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 6)).astype(np.float32)
+    y = np.where(X[:, 0] + X[:, 1] > 0, "yes", "no")
+    return X, y
+
+
+def _no_client_materialisation(monkeypatch):
+    """Any np.asarray(X) / X.compute() of a dask array in this (the client's) process fails."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a dask array was materialised on the client")
+
+    monkeypatch.setattr(da.Array, "__array__", refuse)
+    monkeypatch.setattr(da.Array, "compute", refuse)
+
+
+def test_dask_array_trains_like_numpy_without_the_client_reading_it(client, clf_arrays, monkeypatch):
+    X, y = clf_arrays
+    params = {"module__hidden": (16,), "optimizer": torch.optim.SGD, "optimizer__lr": 0.05, "batch_size": 32,
+              "max_epochs": 3, "random_state": 0}
+    numpy_fit = DaskClassifier(**params).fit(X, y)
+    dX, dy = da.from_array(X, chunks=64), da.from_array(y, chunks=64)
+    _no_client_materialisation(monkeypatch)  # the old code computed X on the client: this refused it
+    dask_fit = DaskClassifier(**params).fit(dX, dy)
+    # the same seeded permutation and examples: the same weights up to float summation order
+    np.testing.assert_allclose(_weights(dask_fit), _weights(numpy_fit), rtol=1e-4, atol=1e-6)
+    assert list(dask_fit.classes_) == ["no", "yes"] and dask_fit.n_features_in_ == 6
+    assert [u["batch_size"] for r in dask_fit.history_ for u in r["updates"]] == [
+        u["batch_size"] for r in numpy_fit.history_ for u in r["updates"]
+    ]
+
+
+def test_unknown_chunk_sizes_and_dataframes(client):
+    rng = np.random.default_rng(1)
+    frame = pd.DataFrame(rng.normal(size=(200, 4)), columns=list("abcd"))
+    frame["target"] = frame["a"] * 2 - frame["b"]
+    ddf = dd.from_pandas(frame, npartitions=3)
+    X, y = ddf[list("abcd")], ddf["target"]
+    unknown = X.to_dask_array()  # chunk sizes along axis 0 unknown (NaN)
+    assert np.isnan(unknown.chunks[0][0])
+    est = DaskRegressor(max_epochs=2, batch_size=25, random_state=0).fit(X, y)
+    assert list(est.feature_names_in_) == list("abcd") and est._y_1d
+    est2 = DaskRegressor(max_epochs=1, batch_size=25, random_state=0).fit(unknown, y.to_dask_array())
+    assert est2.meta_["n_samples_seen"] == 200
+    assert est.predict(frame[list("abcd")]).shape == (200,)
+
+
+@pytest.mark.parametrize(
+    ("X", "y", "match"),
+    [
+        (da.from_array(np.array([[0.0, np.nan]] * 10), chunks=5), da.zeros(10, chunks=5), "NaN or infinity"),
+        (da.zeros((10, 2), chunks=5), None, "needs its targets y"),
+        (da.zeros((10, 2), chunks=5), da.zeros(9, chunks=5), "different numbers of examples"),
+    ],
+)
+def test_bad_dask_input_is_refused_on_the_cluster_before_training(client, X, y, match):
+    with pytest.raises(ValueError, match=match):
+        DaskRegressor(max_epochs=1).fit(X, y)
+
+
+def test_classes_come_from_the_cluster_and_unknown_labels_are_refused(client, clf_arrays):
+    X, y = clf_arrays
+    dX, dy = da.from_array(X, chunks=100), da.from_array(y, chunks=100)
+    with pytest.raises(ValueError, match="labels not in classes"):
+        DaskClassifier(max_epochs=1).partial_fit(dX, dy, classes=["yes"])
+    est = DaskClassifier(max_epochs=1, random_state=0).partial_fit(dX, dy, classes=["no", "yes", "maybe"])
+    assert list(est.classes_) == ["maybe", "no", "yes"]
+
+
+def test_blocks_go_where_dask_holds_them(client, clf_arrays):
+    """With the partitions persisted on the workers, placing the fit's blocks moves nothing."""
+    X, y = clf_arrays
+    dX, dy = client.persist([da.from_array(X, chunks=50), da.from_array(y, chunks=50)])
+    wait([dX, dy])
+    before = client.who_has(client.futures_of(dX))
+    est = DaskClassifier(max_epochs=1, random_state=0, batch_size=64).fit(dX, dy)
+    assert est.meta_["n_samples_seen"] == 300
+    assert client.who_has(client.futures_of(dX)) == before  # no partition was copied elsewhere
+
+
+def test_a_killed_workers_partitions_are_recomputed_from_their_lineage():
+    """X made on the workers (no client copy exists): a worker SIGKILLed mid-fit takes its partitions
+    with it, Dask recomputes them for the survivor, and the fit completes every epoch."""
+    import os
+    import signal
+
+    from distributed import Client, LocalCluster
+
+    from adadamp.callbacks import Callback
+
+    class KillAWorker(Callback):
+        def __init__(self, at=5):
+            self.at = at
+
+        def on_update_end(self, estimator, record=None, loop=None, **info):
+            if loop.n_updates == self.at:
+                pids = estimator.client.run(os.getpid)
+                os.kill(pids[max(pids)], signal.SIGKILL)
+
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None, processes=True) as cluster,
+        Client(cluster) as c,
+    ):
+        X = da.random.RandomState(0).normal(size=(400, 5), chunks=50).astype(np.float32)
+        y = X.sum(axis=1)
+        est = DaskRegressor(client=c, max_epochs=3, batch_size=40, random_state=0, callbacks=[KillAWorker()])
+        est.fit(X, y)
+        updates = [u for row in est.history_ for u in row["updates"]]
+        assert est.meta_["n_samples_seen"] == 3 * 400 and len(updates) == 30
+        assert min(u["n_workers"] for u in updates[5:]) == 1  # trained on the survivor meanwhile
+        assert np.isfinite(est.history_[-1]["train_loss"])
