@@ -42,7 +42,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
 
 from . import callbacks as callbacks_mod
-from . import checkpoint, inputs, optimizer_plan, porting, routing
+from . import checkpoint, inference, inputs, optimizer_plan, porting, routing
 from . import cluster as cl
 from .dampers import BaseDamper, Constant
 from .engine import LoopState, ParameterServer
@@ -830,18 +830,23 @@ class BaseDaskEstimator(BaseEstimator):
         return TrainingState.of(self, target_keys=("classes_", "_y_1d"))
 
     # -------------------------------------------------------------- predict
-    def _forward(self, X) -> np.ndarray:
+    def _forward(self, X):
+        """The module's outputs: NumPy for in-memory ``X``; for a dask ``X`` a dask array computed
+        on the workers, partition by partition (nothing is computed until asked)."""
         check_is_fitted(self)
+        if inputs.is_dask(X):
+            X = inputs.dask_features(X)
+            if X.shape[1] != self.n_features_in_:
+                raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} was fitted with "
+                                 f"{self.n_features_in_}.")
+            return inference.dask_outputs(self.module_, X, self._n_module_outputs(X.shape[1:]))
         X = inputs.as_numpy(X)
         X = validate_data(self, X, reset=False, dtype=np.float32, allow_nd=True)
-        module = self.module_
-        module.eval()
-        outs = []
-        with torch.no_grad():
-            for start in range(0, len(X), 4096):
-                outs.append(module(torch.tensor(X[start : start + 4096])))
-        module.train()
-        return torch.cat(outs).double().numpy()
+        return inference.forward(self.module_, X)
+
+    def _n_module_outputs(self, example_shape) -> int:
+        """The module's output width, from one zero example on the client."""
+        return inference.forward(self.module_, np.zeros((1, *example_shape), dtype=np.float32)).shape[1]
 
     @property
     def meta_(self) -> types.MappingProxyType:
@@ -995,10 +1000,11 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         >>> est.fit(X, y).predict_proba(X[:2]).sum(axis=1)  # doctest: +SKIP
         array([1., 1.])
         """
-        out = torch.from_numpy(self._forward(X))
-        if isinstance(self.criterion_, nn.NLLLoss):
-            return out.exp().numpy()
-        return torch.softmax(out, dim=1).numpy()
+        out = self._forward(X)
+        log_probabilities = isinstance(self.criterion_, nn.NLLLoss)
+        if inputs.is_dask(out):
+            return out.map_blocks(inference.probabilities, log_probabilities=log_probabilities, dtype=np.float64)
+        return inference.probabilities(out, log_probabilities)
 
     def predict(self, X) -> np.ndarray:
         """The most likely label of each example.
@@ -1019,7 +1025,10 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         array(['even', 'odd', 'even'], dtype='<U4')
         """
         check_is_fitted(self)
-        return self.classes_[np.argmax(self._forward(X), axis=1)]
+        out = self._forward(X)
+        if inputs.is_dask(out):
+            return out.map_blocks(inference.labels, classes=self.classes_, drop_axis=1, dtype=self.classes_.dtype)
+        return inference.labels(out, self.classes_)
 
     def score(self, X, y=None, sample_weight=None) -> float:
         """Mean accuracy of :meth:`predict` on ``X`` (scikit-learn's ``ClassifierMixin.score``).
@@ -1043,6 +1052,8 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         >>> DaskClassifier(max_epochs=5).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
         0.96
         """
+        if inputs.is_dask(X):
+            return inference.dask_accuracy(self.predict(X), y, sample_weight)
         return super().score(*inputs.scoring_data(X, y), sample_weight=sample_weight)
 
 
@@ -1102,7 +1113,7 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
         (2,)
         """
         out = self._forward(X)
-        return out.ravel() if self._y_1d else out
+        return out[:, 0] if self._y_1d else out
 
     def score(self, X, y=None, sample_weight=None) -> float:
         """Coefficient of determination R^2 of :meth:`predict` on ``X`` (``RegressorMixin.score``).
@@ -1126,6 +1137,8 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
         >>> DaskRegressor(max_epochs=50).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
         0.99
         """
+        if inputs.is_dask(X):
+            return inference.dask_r2(self.predict(X), y, sample_weight)
         return super().score(*inputs.scoring_data(X, y), sample_weight=sample_weight)
 
     def __sklearn_tags__(self):

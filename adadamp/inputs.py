@@ -54,6 +54,19 @@ def is_dask(X) -> bool:
     return dask.is_dask_collection(X)
 
 
+def dask_features(X):
+    """A dask ``X`` (array or DataFrame) as a float32 dask array chunked along axis 0 only."""
+    import dask.dataframe as dd
+
+    if isinstance(X, dd.DataFrame):
+        X = X.to_dask_array(lengths=True)
+    if any(np.isnan(c) for c in X.chunks[0]):
+        X = X.compute_chunk_sizes()
+    if X.ndim < 2:
+        raise ValueError(f"X must have at least 2 dimensions (examples x features); got shape {X.shape}.")
+    return X.astype(np.float32).rechunk({i: -1 for i in range(1, X.ndim)})
+
+
 def dask_arrays(X, y):
     """``X, y`` as dask arrays chunked along axis 0 only, with the same chunks, float32 ``X``.
 

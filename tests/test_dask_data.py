@@ -131,3 +131,33 @@ def test_a_killed_workers_partitions_are_recomputed_from_their_lineage():
         assert est.meta_["n_samples_seen"] == 3 * 400 and len(updates) == 30
         assert min(u["n_workers"] for u in updates[5:]) == 1  # trained on the survivor meanwhile
         assert np.isfinite(est.history_[-1]["train_loss"])
+
+
+def test_predict_on_dask_runs_on_the_workers_and_returns_dask(client, clf_arrays, monkeypatch):
+    from sklearn.metrics import r2_score
+
+    X, y = clf_arrays
+    clf = DaskClassifier(max_epochs=2, random_state=0).fit(X, y)
+    dX = da.from_array(X, chunks=70)
+    _no_client_materialisation(monkeypatch)  # predicting must not pull X to the client
+    proba, labels = clf.predict_proba(dX), clf.predict(dX)
+    assert isinstance(proba, da.Array) and isinstance(labels, da.Array)
+    assert proba.chunks[0] == dX.chunks[0]
+    graph = dict(proba.__dask_graph__())
+    modules = [k for k, v in graph.items() if isinstance(getattr(v, "value", v), torch.nn.Module)]
+    assert len(modules) == 1  # the weights are one key, sent once per worker
+    monkeypatch.undo()
+    np.testing.assert_allclose(proba.compute(), clf.predict_proba(X), rtol=1e-6)
+    assert (labels.compute() == clf.predict(X)).all()
+    assert clf.score(dX, da.from_array(y, chunks=70)) == pytest.approx(clf.score(X, y))
+    weights = np.linspace(0.5, 2.0, len(y))
+    assert clf.score(dX, y, sample_weight=weights) == pytest.approx(clf.score(X, y, sample_weight=weights))
+
+    target = np.stack([X[:, 0] - X[:, 1], X[:, 2]], axis=1).astype(np.float32)
+    reg = DaskRegressor(max_epochs=2, random_state=0).fit(X, target)
+    pred = reg.predict(dX)
+    assert isinstance(pred, da.Array) and pred.shape == target.shape
+    np.testing.assert_allclose(pred.compute(), reg.predict(X), rtol=1e-6)
+    assert reg.score(dX, da.from_array(target, chunks=70)) == pytest.approx(r2_score(target, reg.predict(X)))
+    one = DaskRegressor(max_epochs=1, random_state=0).fit(X, target[:, 0])
+    assert one.predict(dX).compute().shape == (len(X),)

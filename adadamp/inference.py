@@ -1,0 +1,116 @@
+"""Predicting with a fitted module: on the client for in-memory data, on the workers for dask data.
+
+For a dask ``X`` the module goes into the graph once (one key, fetched once per worker) and every
+partition is mapped through it where it lives, so ``predict`` returns a dask array with ``X``'s
+partitions (dask-ml's ``ParallelPostFit`` convention); the functions here run on either side.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_ROWS = 4096  # examples per forward pass
+
+
+def forward(module: torch.nn.Module, X: np.ndarray) -> np.ndarray:
+    """The module's outputs for ``X`` (eval mode, no gradients), float64.
+
+    Examples
+    --------
+    >>> forward(torch.nn.Linear(2, 1), np.zeros((3, 2), dtype=np.float32)).shape
+    (3, 1)
+    """
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    training = module.training
+    module.eval()
+    outs = []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(X), _ROWS):
+                outs.append(module(torch.tensor(X[start : start + _ROWS])))  # a copy: X may be read-only
+    finally:
+        module.train(training)
+    return torch.cat(outs).double().numpy() if outs else np.zeros((0, 0))
+
+
+def _forward_block(block: np.ndarray, module: torch.nn.Module) -> np.ndarray:
+    return forward(module, block)
+
+
+def probabilities(outputs: np.ndarray, log_probabilities: bool) -> np.ndarray:
+    """Class probabilities from module outputs: their softmax, or their exponential when the
+    outputs are log-probabilities (``NLLLoss``).
+
+    Examples
+    --------
+    >>> probabilities(np.zeros((1, 2)), log_probabilities=False).tolist()
+    [[0.5, 0.5]]
+    """
+    out = torch.from_numpy(np.ascontiguousarray(outputs))
+    return (out.exp() if log_probabilities else torch.softmax(out, dim=1)).numpy()
+
+
+def labels(outputs: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """The most likely class of each example.
+
+    Examples
+    --------
+    >>> labels(np.array([[0.1, 0.9]]), np.array(["no", "yes"])).tolist()
+    ['yes']
+    """
+    return classes[np.argmax(outputs, axis=1)]
+
+
+def dask_outputs(module: torch.nn.Module, X, n_outputs: int):
+    """``forward`` mapped over a dask array's partitions on the workers; the module is one key."""
+    import dask
+
+    module_key = dask.delayed(module, pure=False)
+    drop = list(range(2, X.ndim))
+    return X.map_blocks(
+        _forward_block, module_key, chunks=(X.chunks[0], (n_outputs,)), dtype=np.float64,
+        drop_axis=drop if drop else None,
+    )
+
+
+def _aligned(values, like):
+    """``values`` (array-like, dask array or Series) as a dask array chunked like ``like`` on axis 0."""
+    import dask.array as da
+    import dask.dataframe as dd
+
+    if isinstance(values, dd.DataFrame | dd.Series):
+        values = values.to_dask_array(lengths=True)
+    if not isinstance(values, da.Array):
+        return da.from_array(np.asarray(values), chunks=(like.chunks[0], *((-1,) * (np.ndim(values) - 1))))
+    return values.rechunk({0: like.chunks[0]})
+
+
+def dask_accuracy(predicted, y, sample_weight=None) -> float:
+    """Accuracy of dask predictions, computed on the cluster (only the number comes back)."""
+    import dask
+
+    correct = predicted == _aligned(y, predicted)
+    if sample_weight is None:
+        value = correct.mean()
+    else:
+        w = _aligned(sample_weight, predicted)
+        value = (correct * w).sum() / w.sum()
+    return float(dask.compute(value)[0])
+
+
+def dask_r2(predicted, y, sample_weight=None) -> float:
+    """R^2 of dask predictions (scikit-learn's ``r2_score``, uniform average over outputs),
+    computed on the cluster: only the per-output sums come back."""
+    import dask
+    import dask.array as da
+
+    y = _aligned(y, predicted).astype(np.float64)
+    p = predicted.astype(np.float64)
+    y2, p2 = (y[:, None] if y.ndim == 1 else y), (p[:, None] if p.ndim == 1 else p)
+    w = da.ones(y2.shape[0], chunks=(y2.chunks[0],)) if sample_weight is None else _aligned(sample_weight, p)
+    w2 = w.astype(np.float64)[:, None]
+    mean = (w2 * y2).sum(axis=0) / w2.sum()
+    ss_res, ss_tot = dask.compute((w2 * (y2 - p2) ** 2).sum(axis=0), (w2 * (y2 - mean) ** 2).sum(axis=0))
+    scores = np.where(ss_tot != 0, 1 - ss_res / np.where(ss_tot != 0, ss_tot, 1.0), np.where(ss_res == 0, 1.0, 0.0))
+    return float(np.mean(scores))
