@@ -66,5 +66,5 @@ def test_weights_are_pinned(client, transport):
     with dask.config.set(TRANSPORTS[transport]):
         got = _fits()
     if capability not in PINNED:
-        pytest.skip(f"checksums are pinned for CPU capabilities {sorted(PINNED)}, not {capability}: {got}")
+        pytest.skip(reason=f"checksums are pinned for CPU capabilities {sorted(PINNED)}, not {capability}: {got}")
     assert got == PINNED[capability]
