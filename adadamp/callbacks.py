@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import time
 import warnings
 
 import torch
@@ -202,7 +203,9 @@ class ProgressBar(Callback):
     """A notebook-aware progress bar (``tqdm.auto``) over the examples of each epoch.
 
     The number of updates per epoch changes with the batch size, so the bar
-    counts examples and shows the batch size, workers and loss.
+    counts examples and shows the batch size, workers, loss and, from the
+    second epoch on, the fit's estimated time left (``left``: the damper's
+    coming batch sizes times the update time measured so far).
 
     Examples
     --------
@@ -210,17 +213,21 @@ class ProgressBar(Callback):
     >>> est = DaskClassifier(callbacks=[ProgressBar()])
     """
 
-    def on_epoch_begin(self, estimator, n_data=None, epoch=None, **info) -> None:
+    def on_epoch_begin(self, estimator, n_data=None, epoch=None, eta=None, **info) -> None:
         with warnings.catch_warnings():
             # In Jupyter without ipywidgets, tqdm.auto warns and uses the text bar, which works there too.
             warnings.filterwarnings("ignore", message="IProgress not found")
             from tqdm.auto import tqdm
 
         self.bar_ = tqdm(total=n_data, desc=f"epoch {epoch}", unit="ex", leave=False)
+        self.eta_, self.started_ = eta, time.monotonic()  # the fit's time left at the epoch's start
 
     def on_update_end(self, estimator, record=None, **info) -> None:
         self.bar_.update(record["batch_size"])
-        self.bar_.set_postfix(batch=record["batch_size"], workers=record["n_workers"], loss=f"{record['loss']:.4g}")
+        postfix = {"batch": record["batch_size"], "workers": record["n_workers"], "loss": f"{record['loss']:.4g}"}
+        if self.eta_ is not None:  # the fit's time left, from the schedule and the measured update times
+            postfix["left"] = f"{max(0.0, self.eta_ - (time.monotonic() - self.started_)):.0f}s"
+        self.bar_.set_postfix(postfix)
 
     def on_epoch_end(self, estimator, **info) -> None:
         self.bar_.close()

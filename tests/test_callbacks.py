@@ -147,3 +147,34 @@ def test_checkpoint_monitor_must_exist(client, data, tmp_path):
     X, y = data
     with pytest.raises(ValueError, match="Checkpoint monitors 'valid_loss'"):
         DaskClassifier(callbacks=[Checkpoint(dirname=str(tmp_path))], max_epochs=1).fit(X, y)
+
+
+def test_time_left_follows_the_schedule_and_the_measured_update_time(client, data, capsys):
+    """The estimate: the schedule's coming batch sizes (forecast_batch_size, pure) times a line fitted
+    to the measured update times; the verbose table and ProgressBar show it."""
+    from adadamp.dampers import GeoDamp, simulate_schedule
+    from adadamp.engine.loop import coming_batches, time_left
+
+    X, y = data
+    seen = []
+
+    class Watch(Callback):
+        def on_epoch_begin(self, estimator, eta=None, **info):
+            seen.append(eta)
+
+    damper = GeoDamp(initial=16, delay=1, factor=2)
+    est = DaskClassifier(batch_size=damper, max_epochs=3, random_state=0, verbose=1,
+                         callbacks=[Watch(), ProgressBar()]).fit(X, y)
+    assert seen[0] is None and all(e > 0 for e in seen[1:])  # nothing measured before the first epoch
+    state = est._state()
+    # two more epochs: exactly the updates GeoDamp will make, at the fitted line's times
+    assert coming_batches(state, 5) == [
+        r["batch_size"] for r in simulate_schedule(damper, len(X), 5)
+    ][est.meta_["n_updates"]:]
+    updates = [u for row in est.history_ for u in row["updates"]]
+    slope, base = np.polyfit([u["batch_size"] for u in updates], [u["update_time"] for u in updates], 1)
+    if slope >= 0 and base >= 0:
+        assert time_left(state, 5) == pytest.approx(sum(base + slope * b for b in coming_batches(state, 5)))
+    assert time_left(state, 5) > 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[-2:] == ["time", "left"] and out[1].split()[-1] == "-" and out[2].split()[-1] == "s"

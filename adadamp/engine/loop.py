@@ -9,6 +9,7 @@ them.  Hooks receive the estimator and keyword arguments: ``module``, ``optimize
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import torch
@@ -55,10 +56,12 @@ class FitLoop:
     def run(self, backend: Backend, epochs: int, epoch_updates: list[dict]) -> None:
         """``epoch_updates``: the records of the current epoch's earlier updates (resuming mid-epoch)."""
         s = self.state
+        last_epoch = math.floor(s.loop.epoch + 1e-9) + epochs  # where this call ends on the epoch clock
         self.call("on_train_begin")
         try:
             for _ in range(epochs):
-                self.call("on_epoch_begin", epoch=len(s.history) + 1, n_data=s.loop.n_data)
+                eta = time_left(s, last_epoch)
+                self.call("on_epoch_begin", epoch=len(s.history) + 1, n_data=s.loop.n_data, eta=eta)
                 row = backend.run_epoch(epoch_updates, self._on_update)
                 epoch_updates = []
                 if self.valid is not None:
@@ -67,7 +70,8 @@ class FitLoop:
                 if self.checkpoint is not None:
                     checkpoint_mod.save(self.checkpoint, s, [])
                 if self.verbose:
-                    print_row(row, header=len(s.history) == 1)
+                    left = None if eta is None else max(0.0, eta - row["dur"])
+                    print_row(row, header=len(s.history) == 1, eta=left)
                 self.call("on_epoch_end", row=row)
         except callbacks_mod.StopTraining as stop:
             logger.info("training stopped early: %s", stop)
@@ -87,14 +91,56 @@ def validation_loss(state: TrainingState, X: np.ndarray, y: np.ndarray) -> float
     return total / len(X)
 
 
-def print_row(row: dict, header: bool) -> None:
-    """One line of the ``verbose=1`` table (and the header before the first)."""
+def time_left(state: TrainingState, last_epoch: int) -> float | None:
+    """Seconds until the epoch clock reaches ``last_epoch``: the schedule's coming batch sizes (the
+    damper's pure ``forecast_batch_size`` per epoch; the last batch size where it has no forecast)
+    times the update time measured so far in this fit, as a line in the batch size fitted to the
+    updates.  None before any update was measured."""
+    done = [u for row in state.history for u in row["updates"]]
+    if not done:
+        return None
+    sizes = np.array([u["batch_size"] for u in done], dtype=float)
+    times = np.array([u["update_time"] for u in done], dtype=float)
+    slope, base = 0.0, float(np.mean(times))
+    if len(np.unique(sizes)) > 1:
+        slope, base = np.polyfit(sizes, times, 1)
+        if slope < 0 or base < 0:  # noise: a line through nothing real
+            slope, base = 0.0, float(np.mean(times))
+    return sum(base + slope * b for b in coming_batches(state, last_epoch))
+
+
+def coming_batches(state: TrainingState, last_epoch: int) -> list[int]:
+    """The batch sizes of the updates until ``last_epoch``, from the schedule's forecasts.
+
+    Examples
+    --------
+    >>> from adadamp.dampers import GeoDamp
+    >>> from adadamp.engine import LoopState
+    >>> s = TrainingState(None, None, None, GeoDamp(initial=4, delay=1, factor=2), LoopState(0, 10, progress=5))
+    >>> coming_batches(s, 2)  # the rest of epoch 0 at 4, then epoch 1 at 8
+    [4, 1, 8, 2]
+    """
+    loop, damper = state.loop, state.damper
+    last = (state.history[-1]["updates"][-1]["batch_size"] if state.history else None) or 1
+    batches, epoch = [], math.floor(loop.epoch + 1e-9)
+    left = round(loop.epoch_end() - loop.progress)  # examples left in the current epoch
+    while epoch < last_epoch:
+        size = max(1, int(damper.forecast_batch_size(epoch) or last))
+        full, rest = divmod(max(left, 0), size)
+        batches += [size] * full + ([rest] if rest else [])
+        epoch, left = epoch + 1, loop.n_data
+    return batches
+
+
+def print_row(row: dict, header: bool, eta: float | None = None) -> None:
+    """One line of the ``verbose=1`` table (and the header before the first); ``eta``: seconds left."""
     cols = ("epoch", "train_loss", *(("valid_loss",) if "valid_loss" in row else ()), "batch_size", "lr",
             "n_workers", "n_updates", "dur")
     if header:
-        print("  ".join(f"{c:>10}" for c in cols))
+        print("  ".join(f"{c:>10}" for c in (*cols, "time left")))
     cells = []
     for c in cols:
         v = row[c]
         cells.append(f"{v:>10.4g}" if isinstance(v, float) else f"{v:>10}")
+    cells.append(f"{'-' if eta is None else f'{eta:.1f} s':>10}")
     print("  ".join(cells), flush=True)
