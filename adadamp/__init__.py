@@ -21,7 +21,7 @@ _EXPORTS = {
     "Checkpoint": "callbacks",
     "EarlyStopping": "callbacks",
     "LRScheduler": "callbacks",
-    "TensorBoard": "callbacks",
+    "TensorBoard": "loggers",
     "ProgressBar": "callbacks",
     **{
         name: "dampers"
@@ -42,7 +42,7 @@ _EXPORTS = {
         )
     },
 }
-_SUBMODULES = ("callbacks", "checkpoint", "cluster", "dampers", "engine", "estimators", "plot", "simulate")
+_SUBMODULES = ("callbacks", "checkpoint", "cluster", "dampers", "engine", "estimators", "loggers", "plot", "simulate")
 
 __all__ = [
     "MLP",

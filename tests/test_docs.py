@@ -28,6 +28,7 @@ DOCTESTED = (
     "adadamp.engine",
     "adadamp.estimators",
     "adadamp.exceptions",
+    "adadamp.loggers",
     "adadamp.modules",
     "adadamp.porting",
     "adadamp.records",
@@ -75,7 +76,7 @@ def public_objects() -> dict[str, str | None]:
 
     found: dict[str, str | None] = {}
     modules = [("adadamp", list(adadamp.__all__))]
-    for name in ("adadamp.dampers", "adadamp.simulate", "adadamp.callbacks", "adadamp.plot"):
+    for name in ("adadamp.dampers", "adadamp.simulate", "adadamp.callbacks", "adadamp.loggers", "adadamp.plot"):
         if name == "adadamp.plot" and not (ROOT / "adadamp" / "plot.py").exists():
             continue
         module = importlib.import_module(name)
