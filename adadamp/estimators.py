@@ -592,37 +592,14 @@ class BaseDaskEstimator(BaseEstimator):
         if not fresh and X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} was fitted with "
                              f"{self.n_features_in_}.")
-        checks = {"finite": da.isfinite(X).all()}
-        classifier = isinstance(self, ClassifierMixin)
-        if classifier:
-            if y.ndim != 1:
-                raise ValueError(f"DaskClassifier expects 1-d labels; got y of shape {y.shape}.")
-            checks["labels"] = da.unique(y)
-        else:
-            checks["y_finite"] = da.isfinite(y.astype(np.float32)).all()
+        checks = {"finite": da.isfinite(X).all(), **self._dask_target_checks(y)}
         with client.as_current():
             (checked,) = dask.compute(checks)  # one pass on the cluster; only these scalars come back
         logger.info("dask data: %d examples in %d partitions, checked on the cluster in %.2f s",
                     X.shape[0], len(X.chunks[0]), time.perf_counter() - start)
         if not checked["finite"]:
             raise ValueError("Input X contains NaN or infinity (checked on the cluster).")
-        if classifier:
-            labels = checked["labels"]
-            check_classification_targets(labels)
-            known = (np.unique(classes) if classes is not None else labels) if fresh else self.classes_
-            unknown = np.setdiff1d(labels, known)
-            if len(unknown):
-                raise ValueError(f"y contains labels not in classes: {unknown[:10].tolist()}.")
-            y = y.map_blocks(inputs.encode_labels, known=known, dtype=np.int64)
-            targets = {"classes_": known}
-        else:
-            if not checked["y_finite"]:
-                raise ValueError("y has values beyond float32's range (or NaN); scale y, training is in float32.")
-            y_1d = y.ndim == 1
-            if not fresh and y_1d != self._y_1d:
-                raise ValueError(f"y has {y.ndim} dimension(s) but the estimator was fitted with the other shape.")
-            y = (y[:, None] if y_1d else y).astype(np.float32)
-            targets = {"_y_1d": y_1d}
+        y, targets = self._encode_dask_targets(y, checked, fresh=fresh, classes=classes)
         if fresh:
             targets["n_features_in_"] = X.shape[1]
             if names is not None:
@@ -971,6 +948,25 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         return codes.astype(np.int64), {"classes_": known}
 
     @staticmethod
+    def _dask_target_checks(y) -> dict:
+        """What the one pass over a dask y computes: its labels."""
+        import dask.array as da
+
+        if y.ndim != 1:
+            raise ValueError(f"DaskClassifier expects 1-d labels; got y of shape {y.shape}.")
+        return {"labels": da.unique(y)}
+
+    def _encode_dask_targets(self, y, checked: dict, *, fresh: bool, classes=None):
+        """The labels as class indices (lazily, on the cluster) and ``classes_``."""
+        labels = checked["labels"]
+        check_classification_targets(labels)
+        known = (np.unique(classes) if classes is not None else labels) if fresh else self.classes_
+        unknown = np.setdiff1d(labels, known)
+        if len(unknown):
+            raise ValueError(f"y contains labels not in classes: {unknown[:10].tolist()}.")
+        return y.map_blocks(inputs.encode_labels, known=known, dtype=np.int64), {"classes_": known}
+
+    @staticmethod
     def _n_outputs(targets: dict, y) -> int:
         return len(targets["classes_"])
 
@@ -1073,10 +1069,15 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
 
     _default_criterion = nn.MSELoss
 
-    def _encode_targets(self, y, *, fresh: bool, classes=None):
+    def _check_y_dims(self, y, fresh: bool) -> bool:
+        """Whether y is 1-d; a warm start keeps the dimensions it was fitted with."""
         y_1d = y.ndim == 1
         if not fresh and y_1d != self._y_1d:
             raise ValueError(f"y has {y.ndim} dimension(s) but the estimator was fitted with the other shape.")
+        return y_1d
+
+    def _encode_targets(self, y, *, fresh: bool, classes=None):
+        y_1d = self._check_y_dims(y, fresh)
         with np.errstate(over="ignore"):
             y32 = y.astype(np.float32)
         if not np.isfinite(y32).all():
@@ -1086,6 +1087,20 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
             )
         y = np.ascontiguousarray(y32.reshape(len(y), -1))
         return y, {"_y_1d": y_1d}
+
+    @staticmethod
+    def _dask_target_checks(y) -> dict:
+        """What the one pass over a dask y computes: whether it fits float32."""
+        import dask.array as da
+
+        return {"y_finite": da.isfinite(y.astype(np.float32)).all()}
+
+    def _encode_dask_targets(self, y, checked: dict, *, fresh: bool, classes=None):
+        """y as float32 columns (lazily, on the cluster)."""
+        if not checked["y_finite"]:
+            raise ValueError("y has values beyond float32's range (or NaN); scale y, training is in float32.")
+        y_1d = self._check_y_dims(y, fresh)
+        return (y[:, None] if y_1d else y).astype(np.float32), {"_y_1d": y_1d}
 
     @staticmethod
     def _n_outputs(targets: dict, y) -> int:

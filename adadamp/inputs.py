@@ -82,25 +82,19 @@ def dask_arrays(X, y):
     if isinstance(X, dd.DataFrame):
         columns = list(X.columns)
         names = np.asarray(columns, dtype=object) if all(isinstance(c, str) for c in columns) else None
-        X = X.to_dask_array(lengths=True)
+    if not isinstance(X, da.Array | dd.DataFrame):
+        raise TypeError(f"X must be a dask array or DataFrame; got {type(X).__name__}.")
+    X = dask_features(X)
     if isinstance(y, dd.DataFrame | dd.Series):
         y = y.to_dask_array(lengths=True)
     if not isinstance(y, da.Array):
-        y = da.from_array(np.asarray(y), chunks=(X.chunks[0] if not np.isnan(X.shape[0]) else "auto",))
-    for name, a in (("X", X), ("y", y)):
-        if not isinstance(a, da.Array):
-            raise TypeError(f"{name} must be a dask array, DataFrame or Series with a dask X; got {type(a).__name__}.")
-    if any(np.isnan(c) for c in X.chunks[0]):
-        X = X.compute_chunk_sizes()
+        y = da.from_array(np.asarray(y), chunks=(X.chunks[0],))
     if any(np.isnan(c) for c in y.chunks[0]):
         y = y.compute_chunk_sizes()
-    if X.ndim < 2:
-        raise ValueError(f"X must have at least 2 dimensions (examples x features); got shape {X.shape}.")
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X and y have different numbers of examples: {X.shape[0]} and {y.shape[0]}.")
     if X.shape[0] < 2:
         raise ValueError(f"Found {X.shape[0]} sample(s); adadamp needs at least 2 samples to train.")
-    X = X.astype(np.float32).rechunk({i: -1 for i in range(1, X.ndim)})
     y = y.rechunk({0: X.chunks[0], **{i: -1 for i in range(1, y.ndim)}})
     return X, y, names
 
