@@ -189,12 +189,16 @@ class ChannelServer:
                 theirs, mac = bytes(answer[:NONCE_BYTES]), bytes(answer[NONCE_BYTES:])
                 if not hmac.compare_digest(mac, _mac(self.token, b"client", challenge, theirs)):
                     raise ChannelAuthError("wrong key")
+                # Close the listener before the client learns it is in: once its Channel() returns,
+                # nobody else can connect (closing after the proof left a window for a third party).
+                self._listener.close()
                 conn.sendall(_mac(self.token, b"worker", theirs, challenge))
             except (OSError, EOFError):
                 with contextlib.suppress(OSError):
                     conn.close()
+                if self._listener.fileno() == -1:  # the client proved its key but could not be answered
+                    return None
                 continue
-            self._listener.close()
             self._conn = conn
             return conn
         return None
