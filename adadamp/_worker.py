@@ -35,6 +35,7 @@ from distributed.protocol import to_serialize
 
 from .channel import IDLE_TIMEOUT, ChannelServer, tcp_host
 from .gradient import share_gradient
+from .loading import ExampleLoader
 from .parameters import bind_parameters, flatten_parameters, float_buffers
 from .shm import attach
 
@@ -46,7 +47,7 @@ HANDLERS = ("adadamp_setup", "adadamp_data", "adadamp_gradient", "adadamp_releas
 # here instead of competing for the worker's cores.
 _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adadamp-compute")
 _FITS: dict[str, _FitState] = {}
-_WORKER = {"host": None, "nthreads": 1}  # this process's worker: channel host, torch threads
+_WORKER = {"host": None, "nthreads": 1, "address": None}  # this process's worker: channel host, torch threads
 INLINE_SECONDS = 0.1  # gradients faster than this run on the worker's event loop
 IDLE_SECONDS = IDLE_TIMEOUT  # a fit with no request for this long is dropped (its client is gone)
 
@@ -73,6 +74,7 @@ class _FitState:
     lock: threading.Lock = field(default_factory=threading.Lock)  # data changes vs. gradients
     last_used: float = field(default_factory=time.monotonic)  # the client's last request or set-up
     channel: ChannelServer | None = None
+    loader: ExampleLoader | None = None  # a lazy Dataset: examples are read per share, not placed
 
     def update_blocks(self, add, drop) -> None:
         """Add ``[(block, idx, X, y)]`` and drop block ids, keeping one copy of the data."""
@@ -152,7 +154,7 @@ class TrainerPlugin(WorkerPlugin):
     def setup(self, worker) -> None:
         _set_native_malloc()
         nthreads = max(1, int(getattr(worker.state, "nthreads", 1)))
-        _WORKER.update(host=tcp_host(worker.address), nthreads=nthreads)
+        _WORKER.update(host=tcp_host(worker.address), nthreads=nthreads, address=worker.address)
         torch.set_num_threads(nthreads)  # the event loop thread (quick gradients)
         _EXECUTOR.submit(_compute_thread_start).result()
         for op in HANDLERS:
@@ -168,12 +170,13 @@ async def _run(fn, *args):
 
 
 async def _adadamp_setup(
-    fit_id: str, payload, n_total: int, shared: dict | None = None, channel: bool = False
+    fit_id: str, payload, n_total: int, shared: dict | None = None, channel: bool = False, dataset=None
 ) -> dict:
     """Build the fit's module; map the client's shared weights and this worker's gradient if possible.
 
     With ``channel`` (and a ``tcp://`` worker) also open the fit's gradient
-    channel; the reply carries its port and token.
+    channel; the reply carries its port and token.  ``dataset``: a lazy torch
+    Dataset and how to load it (pickled), read here example by example.
     """
     _close_fit(fit_id)
 
@@ -184,6 +187,8 @@ async def _adadamp_setup(
         module.train()
         flat, grads = flatten_parameters(module)
         state = _FitState(module, criterion, device, flat, grads, int(n_total), buffers=float_buffers(module))
+        if dataset is not None:
+            state.loader = ExampleLoader(**cloudpickle.loads(dataset), where=f"worker {_WORKER['address']}")
         mapped = None if shared is None else attach(shared, flat.numel())
         if mapped is not None:
             weights, gradient = (torch.from_numpy(a) for a in mapped)
@@ -201,7 +206,7 @@ async def _adadamp_setup(
     if channel and _WORKER["host"] is not None:
         state.channel = ChannelServer(
             _WORKER["host"],
-            lambda weights, indices, n_chunks, seed: share_gradient(state, weights, indices, n_chunks, seed),
+            lambda *request: share_gradient(state, *request),
             n_weights=state.flat.numel(),
             on_start=_compute_thread_start,
             max_indices=state.n_total,
@@ -219,6 +224,8 @@ def _close_fit(fit_id: str, only: _FitState | None = None) -> None:
     _FITS.pop(fit_id, None)
     if state.channel is not None:
         state.channel.close()
+    if state.loader is not None:
+        state.loader.close()
 
 
 def _drop_idle_fits() -> None:
@@ -261,12 +268,15 @@ async def _adadamp_release(fit_id: str) -> dict:
     return {"status": "OK"}
 
 
-async def _adadamp_gradient(fit_id: str, weights, indices, n_chunks: int, seed: int) -> dict:
+async def _adadamp_gradient(
+    fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None, ahead_epoch: int = 0
+) -> dict:
     """The gradient as a Dask RPC (workers without a channel)."""
     state = _FITS[fit_id]
+    ahead = np.zeros(0, dtype=np.int64) if ahead is None else np.asarray(ahead)
 
     def compute():
-        r = share_gradient(state, weights, np.asarray(indices), n_chunks, seed)
+        r = share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead, ahead_epoch)
         state.inline = r["compute_time"] < INLINE_SECONDS
         for key in ("grad", "buffers"):
             if r[key] is not None:

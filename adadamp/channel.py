@@ -42,8 +42,9 @@ import numpy as np
 from .exceptions import ShareTooSmallError
 from .records import GradientReply
 
-# Request: number of indices (-1 closes), chunks, seed, number of weights sent (0: shared memory).
-REQUEST = struct.Struct("<qqqq")
+# Request: number of indices (-1 closes), chunks, seed, number of weights sent (0: shared memory),
+# the data epoch of the indices, number of indices to load ahead, their data epoch.
+REQUEST = struct.Struct("<qqqqqqq")
 # Reply: status (0 ok, 1 error), n, n_chunks, gradient floats, buffer floats, error bytes,
 # loss sum, chunk squared-norm sum, compute seconds, the loss's normalizer (weighted count).
 REPLY = struct.Struct("<qqqqqqdddd")
@@ -106,7 +107,7 @@ def _as_bytes(array: np.ndarray) -> memoryview:
 class ChannelServer:
     """Serves one fit's gradient requests on a worker, in a thread of its own.
 
-    ``compute(weights, indices, n_chunks, seed)`` returns the reply fields as
+    ``compute(weights, indices, n_chunks, seed, epoch, ahead, ahead_epoch)`` returns the reply fields as
     a dict with numpy arrays; it runs in this thread, so the worker's event
     loop (heartbeats, Dask RPCs) keeps running while a gradient is computed.
     ``on_close()`` runs once when the channel ends for any reason (the client
@@ -204,19 +205,25 @@ class ChannelServer:
         return None
 
     def _serve_one(self, conn: socket.socket) -> bool:
-        n_idx, n_chunks, seed, n_weights = _recv_header(conn, REQUEST)
+        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, ahead_epoch = _recv_header(conn, REQUEST)
         if n_idx < 0:
             return False
-        if n_idx > self._max_indices or not 0 <= n_chunks <= MAX_CHUNKS or n_weights not in (0, self._weights.size):
-            raise ValueError(f"malformed request ({n_idx} indices, {n_chunks} chunks, {n_weights} weights)")
-        indices = np.empty(n_idx, dtype=np.int64)
+        if (
+            n_idx > self._max_indices
+            or not 0 <= n_ahead <= self._max_indices
+            or not 0 <= n_chunks <= MAX_CHUNKS
+            or n_weights not in (0, self._weights.size)
+        ):
+            raise ValueError(f"malformed request ({n_idx}+{n_ahead} indices, {n_chunks} chunks, {n_weights} weights)")
+        indices = np.empty(n_idx + n_ahead, dtype=np.int64)
         recv_exactly(conn, _as_bytes(indices))
+        indices, ahead = indices[:n_idx], indices[n_idx:]
         weights = None
         if n_weights:
             recv_exactly(conn, _as_bytes(self._weights))
             weights = self._weights
         try:
-            r = self._compute(weights, indices, n_chunks, seed)
+            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead, ahead_epoch)
         except Exception as err:  # noqa: BLE001 -- any error is the client's to raise
             message = f"{type(err).__name__}: {err}".encode(errors="replace")[:MAX_ERROR_BYTES]
             conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0) + message)
@@ -272,11 +279,24 @@ class Channel:
         self.n_weights, self.n_buffers = n_weights, n_buffers
         self._grad = np.empty(n_weights, dtype=np.float32)
 
-    def send(self, indices: np.ndarray, n_chunks: int, seed: int, weights: np.ndarray | None) -> None:
-        """Ask for the gradient over ``indices`` (send ``weights`` unless the worker maps them)."""
-        indices = np.ascontiguousarray(indices, dtype=np.int64)
-        header = REQUEST.pack(len(indices), n_chunks, seed, 0 if weights is None else weights.size)
-        send_all(self.sock, [header, _as_bytes(indices)] + ([] if weights is None else [_as_bytes(weights)]))
+    def send(
+        self,
+        indices: np.ndarray,
+        n_chunks: int,
+        seed: int,
+        weights: np.ndarray | None,
+        epoch: int = 0,
+        ahead: np.ndarray | None = None,
+        ahead_epoch: int = 0,
+    ) -> None:
+        """Ask for the gradient over ``indices`` (send ``weights`` unless the worker maps them);
+        ``ahead``: the examples the worker may start loading for the next request."""
+        ahead = np.zeros(0, dtype=np.int64) if ahead is None else ahead
+        both = np.concatenate([np.asarray(indices, dtype=np.int64), np.asarray(ahead, dtype=np.int64)])
+        header = REQUEST.pack(
+            len(indices), n_chunks, seed, 0 if weights is None else weights.size, epoch, len(ahead), ahead_epoch
+        )
+        send_all(self.sock, [header, _as_bytes(both)] + ([] if weights is None else [_as_bytes(weights)]))
 
     def receive(self, deadline: float) -> GradientReply:
         """The reply to the last :meth:`send`; ``TimeoutError`` after ``deadline`` (monotonic)."""
@@ -306,6 +326,6 @@ class Channel:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0))
+            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0, 0))
         with contextlib.suppress(OSError):
             self.sock.close()

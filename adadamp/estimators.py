@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import json
 import logging
@@ -42,11 +43,11 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
 
 from . import callbacks as callbacks_mod
-from . import checkpoint, inference, inputs, optimizer_plan, porting, routing
+from . import checkpoint, inference, inputs, loading, optimizer_plan, porting, routing
 from . import cluster as cl
 from .dampers import BaseDamper, Constant
 from .engine import LoopState, ParameterServer
-from .engine.data import ArrayData, DaskArrayData
+from .engine.data import ArrayData, DaskArrayData, DatasetData
 from .engine.loop import FitLoop
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .modules import MLP
@@ -129,6 +130,14 @@ class BaseDaskEstimator(BaseEstimator):
         Hold out this fraction of ``X`` (seeded) and record ``valid_loss``
         per epoch (for ``EarlyStopping``).  None: no internal split, so
         ``GridSearchCV`` does the validating.
+    dataset_threads : int, default=2
+        Threads per worker that read a lazy torch Dataset's examples, the
+        next update's while this one computes (as ``DataLoader(num_workers=...)``).
+    dataset_cache : bool, default=False
+        Keep every example of a torch Dataset in the memory of the worker
+        that read it, and read without seeding, in parallel.  Only for
+        Datasets without random transforms (their augmentation would be
+        frozen at the first read).
     callbacks : list of Callback or (name, Callback), default=None
         Hooks named as in skorch (``on_train_begin/end``,
         ``on_epoch_begin/end``, ``on_update_end``), e.g. ``EarlyStopping``,
@@ -209,6 +218,8 @@ class BaseDaskEstimator(BaseEstimator):
         checkpoint=None,
         checkpoint_every: int | None = None,
         validation_fraction: float | None = None,
+        dataset_threads: int = 2,
+        dataset_cache: bool = False,
         callbacks=None,
         verbose: int = 0,
         **kwargs,
@@ -232,6 +243,8 @@ class BaseDaskEstimator(BaseEstimator):
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
         self.validation_fraction = validation_fraction
+        self.dataset_threads = dataset_threads
+        self.dataset_cache = dataset_cache
         self.callbacks = callbacks
         self.verbose = verbose
         for key, value in kwargs.items():
@@ -351,6 +364,11 @@ class BaseDaskEstimator(BaseEstimator):
         vf = self.validation_fraction
         if vf is not None and not (isinstance(vf, numbers.Real) and 0 < vf < 1):
             raise ValueError(f"validation_fraction must be None or in (0, 1); got {vf!r}.")
+        threads = self.dataset_threads
+        if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
+            raise ValueError(f"dataset_threads must be an integer >= 1 (threads per worker); got {threads!r}.")
+        if not isinstance(self.dataset_cache, bool | np.bool_):
+            raise TypeError(f"dataset_cache must be True or False; got {self.dataset_cache!r}.")
         callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
         if not (isinstance(self.optimizer, type) and issubclass(self.optimizer, torch.optim.Optimizer)):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer class; got {self.optimizer!r}.")
@@ -431,10 +449,12 @@ class BaseDaskEstimator(BaseEstimator):
         Parameters
         ----------
         X : array-like of shape (n_samples, ...) or torch Dataset
-            numpy, torch tensor, pandas, list or dask array (computed on the
-            client, then placed on the workers once); N-dimensional inputs
-            (images, sequences) are kept as they are.  A map-style torch
-            Dataset of ``(x, y)`` pairs is read once (then ``y=None``).
+            numpy, torch tensor, pandas or list (placed on the workers once),
+            a dask array or DataFrame (trained on where its partitions are;
+            the client holds none of it), or a map-style torch Dataset of
+            ``(x, y)`` pairs (then ``y=None``), which the workers read example
+            by example (with no cluster running, it is read here once).
+            N-dimensional inputs (images, sequences) are kept as they are.
         y : array-like of shape (n_samples,) or (n_samples, n_targets)
             Targets: labels for the classifier, numbers for the regressor.
             None when ``X`` is a torch Dataset.
@@ -506,9 +526,14 @@ class BaseDaskEstimator(BaseEstimator):
 
     def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None):
         self._check_params()
+        client = self.client if self.client is not None else _active_client()
+        if isinstance(X, torch.utils.data.Dataset) and client is None:
+            X, y = inputs.from_dataset(X, y)  # no cluster yet: the embedded one gets the arrays
         if isinstance(X, torch.utils.data.Dataset):
-            X, y = inputs.from_dataset(X, y)
-        if inputs.is_dask(X):
+            data, head, targets = self._dataset_data(client, X, y, fresh=fresh, classes=classes)
+            X = y = None  # the workers read the examples
+            n_outputs = self._n_outputs(targets, head[1])
+        elif inputs.is_dask(X):
             data, head, targets = self._dask_data(X, y, fresh=fresh, classes=classes)
             X = y = None  # the data stays on the cluster
             n_outputs = self._n_outputs(targets, head[1])
@@ -608,6 +633,35 @@ class BaseDaskEstimator(BaseEstimator):
             X, y = client.persist([X, y])
             head = dask.compute(X[:2], y[:2])  # two examples, for the module's shape check
         return DaskArrayData(client, X, y), head, targets
+
+    def _dataset_data(self, client, dataset, y, *, fresh: bool, classes=None):
+        """A lazy torch Dataset checked through the workers: the source, two examples read on a
+        worker (the module's shape check) and the target attributes.  The client reads none."""
+        if y is not None:
+            raise ValueError("With a torch Dataset as X, y must be None: the Dataset yields (x, y) pairs.")
+        if self.validation_fraction:
+            raise ValueError(
+                "validation_fraction needs the data on the client; with a torch Dataset hold out a validation "
+                "set with torch.utils.data.random_split and score it, or leave validation_fraction=None."
+            )
+        n = len(dataset)
+        if n < 2:
+            raise ValueError(f"Found {n} sample(s); adadamp needs at least 2 samples to train.")
+        head_X, head_y = client.submit(loading.read_examples, dataset, 0, 2, pure=False).result()
+        if not fresh and head_X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {head_X.shape[1]} features, but {type(self).__name__} was fitted with "
+                             f"{self.n_features_in_}.")
+        labels = self._dataset_targets(client, dataset, head_y)
+        _, targets = self._encode_targets(labels, fresh=fresh, classes=classes)
+        encode = self._target_encoder(targets)
+        if fresh:
+            targets["n_features_in_"] = head_X.shape[1]
+        data = DatasetData(dataset, encode=encode, threads=int(self.dataset_threads), cache=bool(self.dataset_cache))
+        return data, (head_X, np.stack([encode(v) for v in head_y])), targets
+
+    def _dataset_targets(self, client, dataset, head_y) -> np.ndarray:
+        """The targets :meth:`_encode_targets` checks before training on a Dataset (two suffice here)."""
+        return head_y
 
     def _fingerprint(self, data) -> dict:
         """What decides this fit's trajectory: the training data and the parameters (not max_epochs)."""
@@ -809,8 +863,15 @@ class BaseDaskEstimator(BaseEstimator):
     # -------------------------------------------------------------- predict
     def _forward(self, X):
         """The module's outputs: NumPy for in-memory ``X``; for a dask ``X`` a dask array computed
-        on the workers, partition by partition (nothing is computed until asked)."""
+        on the workers, partition by partition (nothing is computed until asked); for a torch
+        Dataset, NumPy computed on the workers (with a cluster running)."""
         check_is_fitted(self)
+        if isinstance(X, torch.utils.data.Dataset):
+            client = self.client if self.client is not None else _active_client()
+            if client is None:
+                return self._forward(inputs.from_dataset(X, None)[0])
+            with client.as_current():
+                return self._forward(inputs.dataset_arrays(client, X)[0]).compute()
         if inputs.is_dask(X):
             X = inputs.dask_features(X)
             if X.shape[1] != self.n_features_in_:
@@ -820,6 +881,16 @@ class BaseDaskEstimator(BaseEstimator):
         X = inputs.as_numpy(X)
         X = validate_data(self, X, reset=False, dtype=np.float32, allow_nd=True)
         return inference.forward(self.module_, X)
+
+    def _scoring_inputs(self, X, y):
+        """``score``'s ``X, y``: a torch Dataset becomes dask arrays the workers read (with a cluster
+        running, else arrays read here).  Returns ``(X, y, client)``."""
+        client = self.client if self.client is not None else _active_client()
+        if isinstance(X, torch.utils.data.Dataset) and client is not None:
+            if y is not None:
+                raise ValueError("With a torch Dataset as X, y must be None: the Dataset yields (x, y) pairs.")
+            return (*inputs.dataset_arrays(client, X), client)
+        return (*inputs.scoring_data(X, y), client)
 
     def _n_module_outputs(self, example_shape) -> int:
         """The module's output width, from one zero example on the client."""
@@ -966,6 +1037,22 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
             raise ValueError(f"y contains labels not in classes: {unknown[:10].tolist()}.")
         return y.map_blocks(inputs.encode_labels, known=known, dtype=np.int64), {"classes_": known}
 
+    def _dataset_targets(self, client, dataset, head_y) -> np.ndarray:
+        """Every label: the Dataset's ``targets`` (torchvision's convention), else read on the workers."""
+        labels = getattr(dataset, "targets", None)
+        if labels is not None and len(labels) == len(dataset):
+            return np.asarray(labels)
+        start = time.perf_counter()
+        labels = loading.read_labels(client, dataset)
+        logger.info("read %d labels on the cluster in %.2f s (a Dataset with a `targets` attribute skips this)",
+                    len(labels), time.perf_counter() - start)
+        return labels
+
+    @staticmethod
+    def _target_encoder(targets: dict):
+        """What turns one example's label into its class index (on the workers)."""
+        return functools.partial(inputs.encode_labels, known=targets["classes_"])
+
     @staticmethod
     def _n_outputs(targets: dict, y) -> int:
         return len(targets["classes_"])
@@ -1048,9 +1135,11 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         >>> DaskClassifier(max_epochs=5).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
         0.96
         """
+        X, y, client = self._scoring_inputs(X, y)
         if inputs.is_dask(X):
-            return inference.dask_accuracy(self.predict(X), y, sample_weight)
-        return super().score(*inputs.scoring_data(X, y), sample_weight=sample_weight)
+            with _as_current(client):
+                return inference.dask_accuracy(self.predict(X), y, sample_weight)
+        return super().score(X, y, sample_weight=sample_weight)
 
 
 class DaskRegressor(RegressorMixin, BaseDaskEstimator):
@@ -1103,6 +1192,11 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
         return (y[:, None] if y_1d else y).astype(np.float32), {"_y_1d": y_1d}
 
     @staticmethod
+    def _target_encoder(targets: dict):
+        """What turns one example's target into float32 columns (on the workers)."""
+        return loading.float_targets
+
+    @staticmethod
     def _n_outputs(targets: dict, y) -> int:
         return y.shape[1]
 
@@ -1152,9 +1246,11 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
         >>> DaskRegressor(max_epochs=50).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
         0.99
         """
+        X, y, client = self._scoring_inputs(X, y)
         if inputs.is_dask(X):
-            return inference.dask_r2(self.predict(X), y, sample_weight)
-        return super().score(*inputs.scoring_data(X, y), sample_weight=sample_weight)
+            with _as_current(client):
+                return inference.dask_r2(self.predict(X), y, sample_weight)
+        return super().score(X, y, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -1177,6 +1273,11 @@ DaskBaseDamper = BaseDaskEstimator
 
 def _is_fitted(est) -> bool:
     return hasattr(est, "module_")
+
+
+def _as_current(client):
+    """``client.as_current()``, or nothing to do without a client."""
+    return client.as_current() if client is not None else contextlib.nullcontext()
 
 
 def _active_client():

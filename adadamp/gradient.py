@@ -19,35 +19,41 @@ from .seeding import seeded
 if TYPE_CHECKING:
     from ._worker import _FitState
 
+_NOTHING = np.zeros(0, dtype=np.int64)
 
-def share_gradient(state: _FitState, weights, indices: np.ndarray, n_chunks: int, seed: int) -> dict:
-    """The gradient sum over ``indices`` (resident rows) at ``weights`` (None: already in place).
 
-    Returns numpy arrays (``grad`` is None when it went to shared memory)
-    and the example count, the loss sum and, with ``n_chunks > 1``, the
-    chunk statistics AdaScale needs.
+def share_gradient(
+    state: _FitState,
+    weights,
+    indices: np.ndarray,
+    n_chunks: int,
+    seed: int,
+    epoch: int = 0,
+    ahead: np.ndarray = _NOTHING,
+    ahead_epoch: int = 0,
+) -> dict:
+    """The gradient sum over ``indices`` at ``weights`` (None: already in place).
+
+    The examples are resident rows, or (a lazy Dataset) read now, in data epoch ``epoch``;
+    then the ``ahead`` examples of the next share start loading.  Returns numpy arrays
+    (``grad`` is None when it went to shared memory) and the example count, the loss sum and,
+    with ``n_chunks > 1``, the chunk statistics AdaScale needs.
     """
     with state.lock:
         state.last_used = time.monotonic()
         start = time.perf_counter()
-        rows = state.local_row[indices]
-        if (rows < 0).any():
-            missing = np.asarray(indices)[rows < 0][:5]
-            raise KeyError(f"examples {missing.tolist()} are not resident on this worker")
+        X, y = _examples(state, indices, epoch, ahead, ahead_epoch)
         if state.shared and state.device.type != "cpu":
             state.flat.copy_(state.shared_weights, non_blocking=True)
         elif not state.shared:
             state.flat.copy_(torch.from_numpy(np.asarray(weights)), non_blocking=True)
-        rows_t = torch.from_numpy(rows).to(state.device)
-        X = state.X_dev.index_select(0, rows_t)
-        y = state.y_dev.index_select(0, rows_t)
-        n = len(rows)
+        n = len(X)
         state.grads.zero_()
-        with seeded(seed, state.device):
+        with seeded(seed, state.device):  # the forward's random draws (dropout); loads of a Dataset wait
             out = _forward(state.module, X)  # one forward: BatchNorm sees the share once, as without statistics
-            loss, weight = _loss_sum(state.criterion, out, y, n)
-            first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
-            loss.backward()  # the trained gradient: the same with or without statistics
+        loss, weight = _loss_sum(state.criterion, out, y, n)
+        first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
+        loss.backward()  # the trained gradient: the same with or without statistics
         sq_sum, n_stat_chunks = 0.0, 0
         if n_chunks > 1:  # AdaScale's statistics (algorithms.md §2.3): every share is a chunk
             whole = state.grads.double()
@@ -74,6 +80,19 @@ def share_gradient(state: _FitState, weights, indices: np.ndarray, n_chunks: int
             "n_chunks": n_stat_chunks,
             "compute_time": time.perf_counter() - start,
         }
+
+
+def _examples(state: _FitState, indices, epoch: int, ahead, ahead_epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The share's inputs and targets on the fit's device."""
+    if state.loader is not None:
+        X, y = state.loader.load(epoch, indices, ahead, ahead_epoch)
+        return torch.from_numpy(X).to(state.device), torch.from_numpy(y).to(state.device)
+    rows = state.local_row[indices]
+    if (rows < 0).any():
+        missing = np.asarray(indices)[rows < 0][:5]
+        raise KeyError(f"examples {missing.tolist()} are not resident on this worker")
+    rows_t = torch.from_numpy(rows).to(state.device)
+    return state.X_dev.index_select(0, rows_t), state.y_dev.index_select(0, rows_t)
 
 
 _BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)

@@ -1,5 +1,5 @@
 """What ``fit``, ``predict`` and ``score`` accept besides NumPy arrays: tensors, dask collections and
-map-style torch Datasets, turned into arrays on the client."""
+map-style torch Datasets (read on the workers when there is a cluster, else on the client)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,26 @@ def scoring_data(X, y):
     if isinstance(X, torch.utils.data.Dataset):
         return from_dataset(X, y)
     return X, y
+
+
+def dataset_arrays(client, dataset, rows: int = 4096):
+    """A map-style torch Dataset of ``(x, y)`` pairs as dask arrays ``X, y`` whose chunks the
+    workers of ``client`` read (``rows`` examples each); the client reads nothing."""
+    import dask
+    import dask.array as da
+
+    from .loading import read_examples
+
+    head_X, head_y = client.submit(read_examples, dataset, 0, 1, pure=False).result()
+    shipped = dask.delayed(dataset, pure=False)  # one key: the Dataset is pickled into the graph once
+    n = len(dataset)
+    Xs, ys = [], []
+    for start in range(0, n, rows):
+        stop = min(n, start + rows)
+        pair = dask.delayed(read_examples, nout=2, pure=False)(shipped, start, stop)
+        Xs.append(da.from_delayed(pair[0], shape=(stop - start, *head_X.shape[1:]), dtype=np.float32))
+        ys.append(da.from_delayed(pair[1], shape=(stop - start, *head_y.shape[1:]), dtype=head_y.dtype))
+    return da.concatenate(Xs), da.concatenate(ys)
 
 
 def is_dask(X) -> bool:

@@ -30,6 +30,23 @@ class GradientReply:
 
 
 @dataclass
+class ShareRequest:
+    """One worker's share of an update: the examples it computes the gradient over, and those it
+    may start loading for the next update (lazy Datasets: loading overlaps this share's compute).
+
+    ``epoch`` is the data epoch the examples are drawn in (a batch never straddles two): with
+    the fit's seed and each example's index it seeds that example's random transforms.
+    """
+
+    worker: str
+    seed: int  # the share's dropout seed
+    indices: np.ndarray
+    epoch: int = 0
+    ahead: np.ndarray | None = None
+    ahead_epoch: int = 0
+
+
+@dataclass
 class UpdateRecord:
     """One model update: its batch, learning rate, workers, loss and where the time went (seconds).
 

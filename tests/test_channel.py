@@ -51,7 +51,7 @@ def _server(compute, n_weights=5):
 def test_round_trip_with_and_without_weights():
     seen = []
 
-    def compute(weights, indices, n_chunks, seed):
+    def compute(weights, indices, n_chunks, seed, *_):
         seen.append((None if weights is None else weights.copy(), indices.copy(), n_chunks, seed))
         grad = None if weights is None else weights * 2
         return {"grad": grad, "buffers": np.arange(3, dtype=np.float32), "n": len(indices), "loss_sum": 1.5,
@@ -81,7 +81,7 @@ def test_round_trip_with_and_without_weights():
 def test_worker_errors_are_raised_on_the_client_and_the_channel_goes_on():
     calls = []
 
-    def compute(weights, indices, n_chunks, seed):
+    def compute(weights, indices, n_chunks, seed, *_):
         calls.append(seed)
         if seed == 1:
             raise KeyError("examples [3] are not resident on this worker")
@@ -144,7 +144,7 @@ def test_sizes_are_checked_before_anything_is_allocated():
     server = ChannelServer("127.0.0.1", lambda *a: pytest.fail("computed a malformed request"), n_weights=5,
                            on_start=lambda: None, max_indices=100, on_close=closed.set)
     channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=5)
-    channel.sock.sendall(REQUEST.pack(10**12, 1, 0, 0))  # a trillion indices
+    channel.sock.sendall(REQUEST.pack(10**12, 1, 0, 0, 0, 0, 0))  # a trillion indices
     with pytest.raises((EOFError, OSError)):
         channel.receive(time.monotonic() + 5)
     assert closed.wait(5)  # the worker dropped the channel (and with it, in a fit, the fit's state)

@@ -6,7 +6,8 @@
 ``placement``
     which worker holds which block of examples (the pure ``plan_moves``).
 ``data``
-    where the blocks come from (in-memory arrays today).
+    where the blocks come from: the client's arrays, a dask array's partitions, or a torch
+    Dataset the workers read (:mod:`adadamp.loading`).
 ``membership``
     which workers take part: setting up joiners, leaving out failures, asking the cluster for
     more or fewer workers.

@@ -9,12 +9,17 @@ holds each block, and how to move blocks to workers:
   only their keys and lengths.  A block is placed by a task on the receiving worker that takes
   the partition as input, so Dask moves it between workers, or recomputes it from its lineage
   when the worker that held it died; nothing passes through the client.
+* :class:`DatasetData`: a map-style torch Dataset, shipped to every worker at set-up and read
+  there example by example (:mod:`adadamp.loading`); a block is only a range of examples its
+  owner reads, so placing one moves nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
+import cloudpickle
 import numpy as np
 from distributed import Client, Future, wait
 from distributed.protocol import to_serialize
@@ -122,6 +127,40 @@ class DaskArrayData:
                 f.cancel()
                 failed.setdefault(w, TimeoutError(f"block {f} was not placed on {w} within {timeout} s"))
         return failed
+
+
+class DatasetData:
+    """A map-style torch Dataset of ``(x, y)`` pairs that the workers read themselves.
+
+    ``loading`` holds the :class:`~adadamp.loading.ExampleLoader` arguments besides the Dataset
+    and the seed (``encode``, ``threads``, ``cache``).  The client never calls ``dataset[i]``.
+    ``X, y`` identify the data for a checkpoint's fingerprint (a hash of the pickled Dataset).
+    """
+
+    def __init__(self, dataset, **loading):
+        self.dataset = dataset
+        self.n = len(dataset)
+        self.loading = loading
+        pickled = cloudpickle.dumps(dataset)
+        self.X = np.frombuffer(hashlib.blake2b(pickled, digest_size=16).digest(), dtype=np.uint8)
+        self.y = np.array([self.n])
+
+    def payload(self, seed: int) -> bytes:
+        """What a worker's set-up receives: the Dataset and how to load it, for a fit seeded ``seed``."""
+        return cloudpickle.dumps({"dataset": self.dataset, "seed": seed, **self.loading})
+
+    def __len__(self) -> int:
+        return self.n
+
+    def placement(self, n_blocks: int = 256) -> Placement:
+        return Placement(len(self), n_blocks)
+
+    def preferred(self, placement: Placement) -> None:
+        return None
+
+    def move(self, transport: Transport, placement: Placement, add: dict, drop: dict, timeout: float) -> dict:
+        """Nothing to move: every worker can read every example (its blocks say which it does)."""
+        return {}
 
 
 def _partition_futures(client: Client, collection) -> list[Future]:

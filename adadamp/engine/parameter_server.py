@@ -44,10 +44,10 @@ from ..dampers import BaseDamper, GradStats
 from ..exceptions import ConvergenceError, NoWorkersError
 from ..optimizer_plan import apply_plan
 from ..parameters import bind_parameters, flatten_parameters, float_buffers
-from ..records import UpdateRecord, epoch_row
+from ..records import ShareRequest, UpdateRecord, epoch_row
 from ..shm import SharedBuffers
 from .aggregation import GradientSum, Totals
-from .data import ArrayData, DaskArrayData
+from .data import ArrayData, DaskArrayData, DatasetData
 from .membership import Membership
 from .placement import plan_moves
 from .sampler import LoopState, Sampler
@@ -83,7 +83,7 @@ class ParameterServer:
         optimizer: torch.optim.Optimizer,
         damper: BaseDamper,
         loop: LoopState,
-        data: ArrayData | DaskArrayData,
+        data: ArrayData | DaskArrayData | DatasetData,
         policy: cl.ClusterPolicy,
         device: str = "cpu",
         n_blocks: int = 256,
@@ -126,6 +126,8 @@ class ParameterServer:
     def _acquire(self, stack: contextlib.ExitStack) -> None:
         """Each resource is registered for release as soon as it is held (last in, first out)."""
         self._payload = cloudpickle.dumps((self.module, self.criterion, self.device))
+        if isinstance(self.data, DatasetData):
+            self._dataset_payload = self.data.payload(self.loop.seed)
         self.flat, self.grads = flatten_parameters(self.module)
         self._buffers = float_buffers(self.module)
         self._shared = SharedBuffers.create(self.flat.numel(), dask.config.get("adadamp.shm-dir", shm.DEFAULT_DIR))
@@ -183,6 +185,8 @@ class ParameterServer:
         kwargs["channel"] = channels_enabled() and tcp_host(worker) is not None
         if self._shared is not None:
             kwargs["shared"] = self._shared.offer(worker)
+        if isinstance(self.data, DatasetData):
+            kwargs["dataset"] = self._dataset_payload
         return kwargs
 
     def _place(self, new_workers: list[str]) -> dict[str, BaseException]:
@@ -200,8 +204,11 @@ class ParameterServer:
         return failed
 
     # ------------------------------------------------------------------ training
-    def _gradients(self, idx: np.ndarray, n_chunks: int) -> Totals:
+    def _gradients(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: tuple | None = None) -> Totals:
         """Sum the workers' gradients over ``idx`` into ``self.grads_np``, recomputing lost shares.
+
+        ``idx`` is drawn in data epoch ``epoch``; ``ahead`` = ``(indices, epoch)`` of the next
+        batch, which each worker may start loading (a lazy Dataset).
 
         Each reply is added as soon as it and the replies before it are in, and the weights
         are backed up once the first reply is in: both then overlap the slower workers'
@@ -222,16 +229,22 @@ class ParameterServer:
             if not self.workers:
                 self.members.refresh(force=True)
             requests = [
-                (self.workers[k], dropout_seed(self.loop.seed, self.loop.n_updates, k), sub)
+                ShareRequest(self.workers[k], dropout_seed(self.loop.seed, self.loop.n_updates, k), sub, epoch)
                 for k, sub in self.placement.shares(todo, len(self.workers))
             ]
+            if ahead is not None and _round == 0:
+                for k, sub in self.placement.shares([ahead[0]], len(self.workers)):
+                    for r in requests:
+                        if r.worker == self.workers[k]:
+                            r.ahead, r.ahead_epoch = sub, ahead[1]
             replies, send_time = self.transport.round(requests, n_chunks, self.flat_np, on_reply=add)
             summed.totals.send += send_time
             todo, lost = [], []
-            for (w, _, sub), r in zip(requests, replies):
+            for request, r in zip(requests, replies):
+                w = request.worker
                 if isinstance(r, LOST):
                     lost.append(w)
-                    todo.append(sub)
+                    todo.append(request.indices)
                     if isinstance(r, asyncio.TimeoutError | TimeoutError):  # alive but hung (or far too slow)
                         self.members.strike(w, r, out=True)
                 elif isinstance(r, BaseException):
@@ -255,11 +268,13 @@ class ParameterServer:
         if self.policy.scale:
             ahead = self.damper.forecast_batch_size(state.epoch + self.policy.prescale_epochs) or 0
             self.members.scale_for(batch_size, ahead)
+        epoch = self.loop.data_epoch
         idx = self.sampler.take(batch_size)
+        ahead = self.sampler.peek(batch_size) if isinstance(self.data, DatasetData) else None
         need = self.damper.stats_level()
         n_chunks = 2 if need == "chunks" else 1  # "norm" is computed here, from the summed gradient
         t_sent = time.perf_counter()
-        total = self._gradients(idx, n_chunks)
+        total = self._gradients(idx, n_chunks, epoch, ahead)
         t_back = time.perf_counter()
 
         n = total.n

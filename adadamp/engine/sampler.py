@@ -98,6 +98,14 @@ class Sampler:
         span = self.advance(batch_size)
         return perm[span.start : span.stop]
 
+    def peek(self, batch_size: int) -> tuple[np.ndarray, int]:
+        """The example indices of the next batch if it has ``batch_size`` examples, and their data
+        epoch, without drawing them (a lazy Dataset's workers load them ahead)."""
+        lp = self.loop
+        if lp.position == 0 or self._perm is None or self._perm_epoch != lp.data_epoch:
+            return lp.permutation()[:batch_size], lp.data_epoch
+        return self._perm[lp.position : lp.position + batch_size], lp.data_epoch
+
     def advance(self, batch_size: int) -> range:
         """Move past the next batch without drawing it: its positions in this data epoch's permutation.
 

@@ -1,9 +1,9 @@
 """How requests reach the workers and replies come back: one gradient round, RPC fan-out.
 
-``round(requests)`` sends each worker its share of an update and returns the replies in request
-order.  Behind it: the fit's own TCP channel (:mod:`adadamp.channel`) for ``tcp://`` workers,
-with the weights read from shared memory (:mod:`adadamp.shm`) by workers on the client's host,
-else a Dask RPC.  The set-up, data and release calls are Dask RPCs too, sent concurrently by
+``round(requests)`` sends each worker its share of an update (a :class:`ShareRequest`) and
+returns the replies in request order.  Behind it: the fit's own TCP channel
+(:mod:`adadamp.channel`) for ``tcp://`` workers, with the weights read from shared memory
+(:mod:`adadamp.shm`) by workers on the client's host, else a Dask RPC.  The set-up, data and release calls are Dask RPCs too, sent concurrently by
 :meth:`Transport.call_all`.  Lost workers come back as exceptions, never raised here.
 """
 
@@ -20,7 +20,7 @@ from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
 from ..channel import Channel, WorkerError, tcp_host
-from ..records import GradientReply
+from ..records import GradientReply, ShareRequest
 from ..shm import SharedBuffers
 
 logger = logging.getLogger(__name__)
@@ -108,9 +108,9 @@ class Transport:
 
     # ------------------------------------------------------------------ one round
     def round(
-        self, requests: list[tuple[str, int, np.ndarray]], n_chunks: int, weights: np.ndarray, on_reply
+        self, requests: list[ShareRequest], n_chunks: int, weights: np.ndarray, on_reply
     ) -> tuple[list, float]:
-        """Send every ``(worker, seed, indices)`` request, then collect the replies in request order.
+        """Send every worker its share, then collect the replies in request order.
 
         Returns the replies (:class:`GradientReply`, or the exception a worker's share ended
         with) and the seconds spent writing the channel requests (with the weights, for
@@ -122,31 +122,35 @@ class Transport:
         start = time.perf_counter()
         deadline = time.monotonic() + self.timeout
         sent, rpc_calls, rpc_slots = set(), [], []
-        for i, (w, seed, sub) in enumerate(requests):
-            payload = None if self.maps_weights(w) else weights
-            channel = self.channels.get(w)
+        for i, r in enumerate(requests):
+            payload = None if self.maps_weights(r.worker) else weights
+            channel = self.channels.get(r.worker)
             if channel is None:
-                kwargs = {"fit_id": self.fit_id, "indices": to_serialize(sub), "n_chunks": n_chunks, "seed": seed}
+                kwargs = {
+                    "fit_id": self.fit_id, "indices": to_serialize(r.indices), "n_chunks": n_chunks, "seed": r.seed,
+                    "epoch": r.epoch, "ahead": None if r.ahead is None else to_serialize(r.ahead),
+                    "ahead_epoch": r.ahead_epoch,
+                }
                 kwargs["weights"] = None if payload is None else to_serialize(payload)
-                rpc_calls.append((w, "adadamp_gradient", kwargs))
+                rpc_calls.append((r.worker, "adadamp_gradient", kwargs))
                 rpc_slots.append(i)
                 continue
             try:
-                channel.send(sub, n_chunks, seed, payload)
+                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.ahead_epoch)
                 sent.add(i)
             except OSError as err:
                 replies[i] = err
         send_time = time.perf_counter() - start
         for i, r in zip(rpc_slots, self.call_all(rpc_calls)):
             replies[i] = GradientReply(**r) if isinstance(r, dict) else r
-        for i, (w, _, _) in enumerate(requests):
+        for i, r in enumerate(requests):
             if i in sent:
                 try:
-                    replies[i] = self.channels[w].receive(deadline)
+                    replies[i] = self.channels[r.worker].receive(deadline)
                 except (WorkerError, *LOST) as err:
                     replies[i] = err
             if isinstance(replies[i], GradientReply):
-                on_reply(w, replies[i])
+                on_reply(r.worker, replies[i])
         return replies, send_time
 
     def close(self) -> None:

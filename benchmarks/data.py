@@ -1,0 +1,270 @@
+"""Benchmarks of the data paths (issue 15): a lazy Dataset's loading overlapped with compute, W1
+from a dask array against W1 from NumPy, and the client's and workers' peak memory against the
+size of a dask array trained on.
+
+    python -m benchmarks.data                 # all three (about 5 minutes on 2 cores)
+    python -m benchmarks.data --quick         # tiny sizes (smoke test)
+    python -m benchmarks.data --part overlap  # one part: overlap, dask, memory
+
+Every part runs on one LocalCluster of 2 single-threaded worker processes and compares within
+the run (ratios).  The numbers go to ``benchmarks/data.md`` (``data-quick.md`` with ``--quick``),
+the memory plot to ``benchmarks/data-memory.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+from distributed import Client, LocalCluster
+
+from .workloads import WORKLOADS
+
+HERE = Path(__file__).resolve().parent
+READ_SECONDS = 0.002  # the simulated read of one example
+
+
+class SlowReads(torch.utils.data.Dataset):
+    """Examples that take ``READ_SECONDS`` each to read (a sleep: a disk or a decoder)."""
+
+    def __init__(self, X, y):
+        self.X, self.y = X, y
+
+    def __len__(self):
+        return len(self.X)
+
+    def __getitem__(self, i):
+        time.sleep(READ_SECONDS)
+        return self.X[i], self.y[i]
+
+
+@contextlib.contextmanager
+def cluster(n_workers: int = 2):
+    with (
+        LocalCluster(n_workers=n_workers, threads_per_worker=1, dashboard_address=None,
+                     silence_logs=logging.ERROR) as c,
+        Client(c) as client,
+    ):
+        client.wait_for_workers(n_workers)
+        yield client
+
+
+class Peak:
+    """Peak RSS (MB) of this process and, separately, of its descendants (the workers), sampled."""
+
+    def __init__(self, every: float = 0.05):
+        self.client = self.workers = 0.0
+        self._every, self._stop = every, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        me = psutil.Process()
+        while not self._stop.is_set():
+            with contextlib.suppress(psutil.Error):
+                self.client = max(self.client, me.memory_info().rss / 2**20)
+                total = 0
+                for p in me.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        total += p.memory_info().rss
+                self.workers = max(self.workers, total / 2**20)
+            self._stop.wait(self._every)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def _updates(est, skip_epochs: int = 0) -> list[dict]:
+    return [u for row in est.history_[skip_epochs:] for u in row["updates"]]
+
+
+def _mlp(n_in: int, width: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(n_in, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
+        torch.nn.Linear(width, 10),
+    )
+
+
+# ------------------------------------------------------------------ (1) loading overlaps compute
+def overlap(quick: bool) -> list[str]:
+    """Per update: the time with a lazy Dataset read at ``READ_SECONDS`` per example against the
+    time to compute the same update from resident arrays, and against their sum."""
+    from adadamp import DaskClassifier
+
+    n, batch, width = (1024, 64, 256) if quick else (4096, 128, 1536)
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n, 256), dtype=np.float32)
+    y = rng.integers(0, 10, n)
+    kwargs = dict(module=_mlp(256, width), optimizer=torch.optim.SGD, optimizer__lr=0.01, batch_size=batch,
+                  max_epochs=2, random_state=0)
+    with cluster() as client:
+        DaskClassifier(**{**kwargs, "max_epochs": 1}).fit(X[:512], y[:512])  # warm the workers up
+        compute = DaskClassifier(**kwargs).fit(X, y)
+        lazy = DaskClassifier(**kwargs).fit(SlowReads(X, y))
+        del client
+    per_worker = batch // 2
+    load = per_worker * READ_SECONDS  # seeded reads run one at a time on a worker
+    t_compute = statistics.median(u["update_time"] for u in _updates(compute, 1))
+    t_lazy = statistics.median(u["update_time"] for u in _updates(lazy, 1))
+    bound = max(load, t_compute)
+    return [
+        "## A lazy Dataset: loading overlapped with compute",
+        "",
+        f"{n} examples, batch {batch} ({per_worker} per worker), {READ_SECONDS * 1e3:.0f} ms per example read, "
+        f"MLP 256-{width}-{width}-10; medians over the second epoch's updates.",
+        "",
+        "| per update | seconds | / max(load, compute) |",
+        "|---|---|---|",
+        f"| load ({per_worker} reads, one at a time) | {load:.3f} | |",
+        f"| compute (resident arrays) | {t_compute:.3f} | |",
+        f"| load + compute (no overlap) | {load + t_compute:.3f} | {(load + t_compute) / bound:.2f}x |",
+        f"| **lazy Dataset, loaded ahead** | {t_lazy:.3f} | **{t_lazy / bound:.2f}x** (goal <= 1.2x) |",
+        "",
+    ]
+
+
+# ------------------------------------------------------------------ (2) W1 from a dask array
+def dask_vs_numpy(quick: bool) -> list[str]:
+    """W1 trained from NumPy and from a dask array of the same data: throughput and set-up."""
+    import dask.array as da
+
+    from adadamp import DaskClassifier
+
+    wl = WORKLOADS["W1"]
+    X, y = wl.data(quick)
+    kwargs = dict(module=wl.module(), optimizer=torch.optim.SGD, optimizer__lr=wl.lr,
+                  optimizer__momentum=wl.momentum, batch_size=wl.batch_size, max_epochs=wl.epochs, random_state=0)
+    rows = {}
+    with cluster() as client:
+        for label, make in (
+            ("numpy", lambda: (X, y)),
+            ("dask array", lambda: (da.from_array(X, chunks=len(X) // 16), da.from_array(y, chunks=len(X) // 16))),
+        ):
+            runs = []
+            for _ in range(3):
+                Xi, yi = make()
+                if label == "dask array":
+                    Xi, yi = client.persist([Xi, yi])  # the data lives on the workers before the fit
+                    client.wait_for_workers(2)
+                start = time.perf_counter()
+                est = DaskClassifier(**kwargs, client=client).fit(Xi, yi)
+                wall = time.perf_counter() - start
+                steady = _updates(est, 1)
+                runs.append({
+                    "samples_per_s": sum(u["batch_size"] for u in steady) / sum(u["update_time"] for u in steady),
+                    "setup_s": wall - sum(r["dur"] for r in est.history_),
+                    "loss": est.history_[-1]["train_loss"],
+                })
+            rows[label] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    ratio = rows["dask array"]["samples_per_s"] / rows["numpy"]["samples_per_s"]
+    lines = [
+        "## W1 from a dask array vs from NumPy",
+        "",
+        f"W1 ({len(X)} x 784, batch {wl.batch_size}, {wl.epochs} epochs), 3 fits each on one warm cluster; "
+        "throughput over the second epoch.",
+        "",
+        "| data | samples/s | set-up s (fit wall - epochs) | final train loss |",
+        "|---|---|---|---|",
+    ]
+    for label, r in rows.items():
+        lines.append(f"| {label} | {r['samples_per_s']:.0f} | {r['setup_s']:.2f} | {r['loss']:.4f} |")
+    lines += ["", f"dask / numpy throughput: **{ratio:.2f}x** (goal >= 0.95x)", ""]
+    return lines
+
+
+# ------------------------------------------------------------------ (3) memory against data size
+def memory(quick: bool) -> list[str]:
+    """The client's and the workers' peak RSS while fitting one epoch on dask arrays made on the workers."""
+    import dask.array as da
+
+    from adadamp import DaskRegressor
+
+    sizes_gb = (0.05, 0.1, 0.2) if quick else (0.5, 2.0, 4.0)
+    features = 500
+    results = []
+    for gb in sizes_gb:
+        n = int(gb * 2**30 / (4 * features))
+        with cluster() as client:
+            chunk = max(1024, n // 32)
+            X = da.random.default_rng(0).standard_normal((n, features), chunks=(chunk, features), dtype=np.float32)
+            y = X[:, :4].sum(axis=1)
+            X, y = client.persist([X, y])
+            client.wait_for_workers(2)
+            est = DaskRegressor(module=torch.nn.Linear(features, 1), optimizer=torch.optim.SGD, optimizer__lr=1e-3,
+                                batch_size=8192, max_epochs=1, random_state=0, client=client)
+            base_client = psutil.Process().memory_info().rss / 2**20
+            with Peak() as peak:
+                start = time.perf_counter()
+                est.fit(X, y)
+                wall = time.perf_counter() - start
+            results.append({"gb": gb, "n": n, "client_peak": peak.client, "client_before": base_client,
+                            "workers_peak": peak.workers, "fit_s": wall})
+    spread = max(r["client_peak"] for r in results) - min(r["client_peak"] for r in results)
+    lines = [
+        "## Peak memory against the size of a dask array",
+        "",
+        f"float32 dask arrays of {features} features made on the workers (`da.random`), persisted, then one epoch "
+        "(batch 8192, a linear model); RSS sampled every 50 ms.",
+        "",
+        "| data GB | examples | client RSS before (MB) | client peak (MB) | workers' peak, both (MB) | fit s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(f"| {r['gb']} | {r['n']} | {r['client_before']:.0f} | {r['client_peak']:.0f} | "
+                     f"{r['workers_peak']:.0f} | {r['fit_s']:.1f} |")
+    lines += ["", f"client peak spread across sizes: **{spread:.0f} MB** (goal <= 100 MB)", ""]
+    _plot(results)
+    return lines
+
+
+def _plot(results: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    gb = [r["gb"] for r in results]
+    ax.plot(gb, [r["client_peak"] / 1024 for r in results], "o-", label="client")
+    ax.plot(gb, [r["workers_peak"] / 1024 for r in results], "s-", label="workers (both)")
+    ax.plot(gb, gb, ":", color="grey", label="the data")
+    ax.set_xlabel("dask array (GB)")
+    ax.set_ylabel("peak RSS (GB)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(HERE / "data-memory.png", dpi=120)
+
+
+PARTS = {"overlap": overlap, "dask": dask_vs_numpy, "memory": memory}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", nargs="+", default=list(PARTS), choices=list(PARTS))
+    ap.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    lines = [f"# Data benchmarks ({time.strftime('%Y-%m-%d')}, {psutil.cpu_count()} cores)", ""]
+    for part in args.part:
+        lines += PARTS[part](args.quick)
+        print("\n".join(lines), flush=True)
+    out = HERE / ("data-quick.md" if args.quick else "data.md")
+    out.write_text("\n".join(lines) + "\n")
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
