@@ -37,7 +37,8 @@ from .channel import IDLE_TIMEOUT, ChannelServer, tcp_host
 from .gradient import share_gradient
 from .loading import ExampleLoader
 from .parameters import bind_parameters, flatten_parameters, float_buffers
-from .shm import attach
+from .resident import ResidentData
+from .shm import attach, attach_data
 
 __all__ = ["TrainerPlugin"]
 
@@ -64,46 +65,25 @@ class _FitState:
     inline: bool = False  # the last gradient was quick: compute on the event loop
     shared_weights: torch.Tensor | None = None  # (GPU workers: host copies of the two)
     shared_gradient: torch.Tensor | None = None
-    block_index: dict[int, np.ndarray] = field(default_factory=dict)  # block -> its global indices
-    X: np.ndarray | None = None
-    y: np.ndarray | None = None
-    X_dev: torch.Tensor | None = None
-    y_dev: torch.Tensor | None = None
-    local_row: np.ndarray | None = None  # global index -> row in X / y, -1 if absent
+    data: ResidentData | None = None  # the blocks placed here (set in __post_init__)
     buffers: list[torch.Tensor] = field(default_factory=list)  # float buffers sent back each update
     lock: threading.Lock = field(default_factory=threading.Lock)  # data changes vs. gradients
     last_used: float = field(default_factory=time.monotonic)  # the client's last request or set-up
     channel: ChannelServer | None = None
     loader: ExampleLoader | None = None  # a lazy Dataset: examples are read per share, not placed
 
-    def update_blocks(self, add, drop) -> None:
-        """Add ``[(block, idx, X, y)]`` and drop block ids, keeping one copy of the data."""
-        with self.lock:
-            self._update_blocks(add, drop)
+    def __post_init__(self):
+        if self.data is None:
+            self.data = ResidentData(self.n_total, self.device)
 
-    def _update_blocks(self, add, drop) -> None:
-        keep = [b for b in self.block_index if b not in set(drop)]
-        parts_X, parts_y, parts_idx = [], [], []
-        if self.X is not None and keep:
-            rows = np.concatenate([self.local_row[self.block_index[b]] for b in keep])
-            parts_X.append(self.X[rows])
-            parts_y.append(self.y[rows])
-            parts_idx.extend(self.block_index[b] for b in keep)
-        self.block_index = {b: self.block_index[b] for b in keep}
-        for block, idx, X, y in add:
-            self.block_index[block] = idx
-            parts_X.append(X)
-            parts_y.append(y)
-            parts_idx.append(idx)
-        self.local_row = np.full(self.n_total, -1, dtype=np.int64)
-        if not parts_X:
-            self.X = self.y = self.X_dev = self.y_dev = None
-            return
-        idx = np.concatenate(parts_idx)
-        self.local_row[idx] = np.arange(len(idx))
-        self.X, self.y = np.concatenate(parts_X), np.concatenate(parts_y)
-        self.X_dev = torch.from_numpy(self.X).to(self.device)
-        self.y_dev = torch.from_numpy(self.y).to(self.device)
+    @property
+    def block_index(self) -> dict[int, np.ndarray]:
+        return self.data.block_index
+
+    def update_blocks(self, add, drop, borrowed: bool = False) -> None:
+        """Add ``[(block, idx, X, y)]`` and drop block ids (``borrowed``: Dask's partitions, kept as views)."""
+        with self.lock:
+            self.data.update(add, drop, borrowed)
 
 
 def _set_native_malloc() -> None:
@@ -197,12 +177,15 @@ async def _adadamp_setup(
             else:
                 state.shared_weights, state.shared_gradient = weights, gradient
             state.shared = True
+            data = attach_data(shared) if device.type == "cpu" else None
+            if data is not None:  # this worker reads the client's training data in place
+                state.data.share(data["X"], data["y"])
         _FITS[fit_id] = state
         return state
 
     _drop_idle_fits()
     state = await _run(build)
-    reply = {"status": "OK", "shared": state.shared}
+    reply = {"status": "OK", "shared": state.shared, "shared_data": state.data.shared}
     if channel and _WORKER["host"] is not None:
         state.channel = ChannelServer(
             _WORKER["host"],
@@ -252,14 +235,15 @@ def load_block(fit_id: str, block: int, start: int, X, y) -> int:
     """Place a dask partition on this worker as block ``block`` of the fit (run as a task here).
 
     Dask hands the task the partition (moved from another worker, or recomputed from its
-    lineage); the fit keeps one copy beside its other blocks.  Returns the examples placed.
+    lineage) and keeps it in this worker's memory; the fit keeps a view of it, not a copy.
+    Returns the examples placed.
     """
     state = _FITS.get(fit_id)
     if state is None:
         raise KeyError(f"fit {fit_id} is not set up on this worker (set-up lost or released)")
     X = np.ascontiguousarray(np.asarray(X, dtype=np.float32))
     y = np.ascontiguousarray(np.asarray(y))
-    state.update_blocks([(block, np.arange(start, start + len(X)), X, y)], [])
+    state.update_blocks([(block, np.arange(start, start + len(X)), X, y)], [], borrowed=True)
     return len(X)
 
 

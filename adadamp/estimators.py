@@ -49,6 +49,7 @@ from .dampers import BaseDamper, Constant
 from .engine import LoopState, ParameterServer
 from .engine.data import ArrayData, DaskArrayData, DatasetData
 from .engine.loop import FitLoop
+from .engine.session import KeptBackend
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .modules import MLP
 from .records import TrainingState
@@ -500,6 +501,13 @@ class BaseDaskEstimator(BaseEstimator):
         ``batch_size__*`` parameter) changed since the last call, the damper
         is built again.
 
+        On a cluster of yours (``client``, or a current Client) the workers
+        keep the module and the placed data between calls: a call on the
+        same data (the same dask graph, Dataset, or arrays with the same
+        contents) starts at once.  They are released by a call on other
+        data, by ``fit``, after 10 minutes without a call, or when the
+        estimator is deleted.
+
         Parameters
         ----------
         X, y
@@ -522,9 +530,9 @@ class BaseDaskEstimator(BaseEstimator):
         >>> est.n_iter_  # doctest: +SKIP
         3
         """
-        return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), **fit_params)
+        return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), keep=True, **fit_params)
 
-    def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None):
+    def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None, keep: bool = False):
         self._check_params()
         client = self.client if self.client is not None else _active_client()
         if isinstance(X, torch.utils.data.Dataset) and client is None:
@@ -585,7 +593,7 @@ class BaseDaskEstimator(BaseEstimator):
         self._training_state = state  # save_params from a callback saves this state, not the last fit's
         start = state.loop.n_updates
         try:
-            self._train(state, data, epochs, epoch_updates, valid)
+            self._train(state, data, epochs, epoch_updates, valid, fresh=fresh, keep=keep)
         except (ConvergenceError, NoWorkersError, SchedulerLostError):
             if state.loop.n_updates > start:
                 self._commit(state)  # training stopped cleanly, with the last good weights
@@ -614,6 +622,10 @@ class BaseDaskEstimator(BaseEstimator):
             )
         start = time.perf_counter()
         X, y, names = inputs.dask_arrays(X, y)
+        parts = len(X.chunks[0])
+        X, y = inputs.engine_blocks(X, y, n_workers=max(1, len(client.scheduler_info()["workers"])))
+        if len(X.chunks[0]) != parts:
+            logger.info("dask data: %d partitions rechunked along axis 0 into %d", parts, len(X.chunks[0]))
         if not fresh and X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} was fitted with "
                              f"{self.n_features_in_}.")
@@ -709,8 +721,12 @@ class BaseDaskEstimator(BaseEstimator):
         state.loop, state.history = loop, list(saved["history"])
         return saved["epoch_updates"]
 
-    def _train(self, state: TrainingState, data, epochs: int, epoch_updates: list, valid=None) -> None:
+    def _train(self, state: TrainingState, data, epochs: int, epoch_updates: list, valid=None,
+               fresh: bool = True, keep: bool = False) -> None:
+        kept = self.__dict__.pop("_kept_backend", None)  # one call at a time uses it
         if epochs <= 0:
+            if kept is not None:
+                kept.claim(None)
             return
         # the clones that run, kept with what they learn (EarlyStopping.best_epoch_)
         state.callbacks = callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
@@ -719,21 +735,48 @@ class BaseDaskEstimator(BaseEstimator):
             valid=valid,
         )
         policy, client = self._cluster_policy()
-        first = state.damper.forecast_batch_size(state.loop.epoch)
-        with cl.training_client(client, policy, first) as (client, policy):
-            backend = ParameterServer(
-                client,
-                module=state.module,
-                criterion=state.criterion,
-                optimizer=state.optimizer,
-                damper=state.damper,
-                loop=state.loop,
-                data=data,
-                policy=policy,
-                device=str(self.device),
-            )
-            with backend:
+        if client is None:  # an embedded cluster, for this call only
+            if kept is not None:
+                kept.claim(None)
+            first = state.damper.forecast_batch_size(state.loop.epoch)
+            with (
+                cl.training_client(None, policy, first) as (client, policy),
+                self._backend(client, policy, state, data) as backend,
+            ):
                 loop.run(backend, epochs, epoch_updates)
+            return
+        # On a cluster of the user's, partial_fit keeps the backend open for the next call on the same data.
+        key = (client, policy, str(self.device), data.token())
+        backend = kept.claim(None if fresh else key) if kept is not None else None
+        if backend is not None:
+            backend.resume(module=state.module, optimizer=state.optimizer, damper=state.damper, loop=state.loop)
+            logger.info("resumed the workers and data of the last call")
+        else:
+            backend = self._backend(client, policy, state, data).__enter__()
+        try:
+            loop.run(backend, epochs, epoch_updates)
+            if keep:
+                backend.suspend()
+        except BaseException:
+            backend.__exit__(None, None, None)
+            raise
+        if keep:
+            self._kept_backend = KeptBackend(self, backend, key)
+        else:
+            backend.__exit__(None, None, None)
+
+    def _backend(self, client, policy, state: TrainingState, data) -> ParameterServer:
+        return ParameterServer(
+            client,
+            module=state.module,
+            criterion=state.criterion,
+            optimizer=state.optimizer,
+            damper=state.damper,
+            loop=state.loop,
+            data=data,
+            policy=policy,
+            device=str(self.device),
+        )
 
     def _cluster_policy(self) -> tuple[cl.ClusterPolicy, Client | None]:
         """How the cluster is sized for this fit, and the client to train on (None: an embedded cluster)."""
@@ -934,6 +977,7 @@ class BaseDaskEstimator(BaseEstimator):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["client"] = None
+        state.pop("_kept_backend", None)  # live connections to the workers stay with this object
         return state
 
     def __sklearn_clone__(self):
@@ -995,7 +1039,7 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         >>> est.partial_fit(X[:500], y[:500], classes=np.arange(10))  # doctest: +SKIP
         >>> est.partial_fit(X[500:], y[500:])  # doctest: +SKIP
         """
-        return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), classes=classes)
+        return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), classes=classes, keep=True)
 
     def _encode_targets(self, y, *, fresh: bool, classes=None):
         if y.ndim == 2 and y.shape[1] == 1:

@@ -87,12 +87,7 @@ def _examples(state: _FitState, indices, epoch: int, ahead, ahead_epoch: int) ->
     if state.loader is not None:
         X, y = state.loader.load(epoch, indices, ahead, ahead_epoch)
         return torch.from_numpy(X).to(state.device), torch.from_numpy(y).to(state.device)
-    rows = state.local_row[indices]
-    if (rows < 0).any():
-        missing = np.asarray(indices)[rows < 0][:5]
-        raise KeyError(f"examples {missing.tolist()} are not resident on this worker")
-    rows_t = torch.from_numpy(rows).to(state.device)
-    return state.X_dev.index_select(0, rows_t), state.y_dev.index_select(0, rows_t)
+    return state.data.gather(indices)
 
 
 _BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)

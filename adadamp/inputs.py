@@ -119,6 +119,30 @@ def dask_arrays(X, y):
     return X, y, names
 
 
+#: More partitions than this are merged (each partition is a block a share is gathered from).
+MAX_PARTITIONS = 1024
+
+
+def engine_blocks(X, y, n_workers: int):
+    """``X, y`` rechunked along axis 0 only when their partitions are far from what the engine
+    shares well among ``n_workers``: fewer than 4 per worker (the work could not be balanced)
+    or more than ``MAX_PARTITIONS``.  Returns ``(X, y)``, the same arrays when they fit.
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> X, y = engine_blocks(da.zeros((100, 3), chunks=50), da.zeros(100, chunks=50), n_workers=2)
+    >>> len(X.chunks[0]), X.chunks[0] == y.chunks[0]
+    (15, True)
+    """
+    n_parts = len(X.chunks[0])
+    if 4 * n_workers <= n_parts <= MAX_PARTITIONS:
+        return X, y
+    target = 8 * n_workers if n_parts < 4 * n_workers else 256
+    rows = max(1, -(-X.shape[0] // target))
+    return X.rechunk({0: rows}), y.rechunk({0: rows})
+
+
 def encode_labels(labels: np.ndarray, known: np.ndarray) -> np.ndarray:
     """Class indices of ``labels`` in the sorted ``known`` classes (a module-level function, so a
     dask graph that uses it tokenizes the same in every run).

@@ -64,15 +64,16 @@ def open_private_array(path: str, size: int) -> np.ndarray:
     return _map(path, size, 0)
 
 
-def _map(path: str, size: int, create: int) -> np.ndarray:
-    nbytes = 4 * size
-    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | create, 0o600)
+def _map(path: str, size: int, create: int, dtype="float32", shape=None, writable: bool = True) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    nbytes = dtype.itemsize * size
+    fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC | create, 0o600)
     try:
         if create:
-            os.posix_fallocate(fd, 0, nbytes)
+            os.posix_fallocate(fd, 0, max(1, nbytes))
         else:
-            _check_private(os.fstat(fd), path, nbytes)
-        buffer = mmap.mmap(fd, nbytes)
+            _check_private(os.fstat(fd), path, max(1, nbytes))
+        buffer = mmap.mmap(fd, max(1, nbytes), access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
     except BaseException:
         os.close(fd)
         if create:
@@ -80,7 +81,8 @@ def _map(path: str, size: int, create: int) -> np.ndarray:
                 os.remove(path)
         raise
     os.close(fd)  # the mapping keeps the memory
-    return np.frombuffer(buffer, dtype=np.float32)
+    array = np.frombuffer(buffer, dtype=dtype, count=size)
+    return array if shape is None else array.reshape(shape)
 
 
 def _check_private(info: os.stat_result, path: str, nbytes: int | None) -> None:
@@ -111,6 +113,8 @@ class SharedBuffers:
         self._weights_path = os.path.join(directory, "weights")
         self.weights = create_private_array(self._weights_path, size)
         self.gradients: dict[str, np.ndarray] = {}
+        self.maps_data: set[str] = set()  # workers that read the training data from shared memory
+        self._data_offer: dict | None = None
         self._paths: dict[str, str] = {}
         self._count = 0
         self._warned = False
@@ -135,6 +139,24 @@ class SharedBuffers:
                 shutil.rmtree(directory, ignore_errors=True)
             return None
 
+    def share_data(self, **arrays: np.ndarray) -> None:
+        """Copy the training data here once, for the workers on this machine to map (read-only)
+        instead of each receiving its blocks over a socket.  Without the space: the sockets."""
+        offer = {}
+        try:
+            for name, a in arrays.items():
+                path = os.path.join(self.directory, f"data-{name}")
+                mapped = _map(path, a.size, os.O_CREAT | os.O_EXCL, a.dtype, a.shape)
+                mapped[...] = a
+                offer[name] = {"path": path, "dtype": a.dtype.str, "shape": a.shape}
+        except OSError as err:
+            logger.warning("no shared memory for the training data (%s); it goes to the workers over sockets", err)
+            for part in offer.values():
+                with contextlib.suppress(OSError):
+                    os.remove(part["path"])
+            return
+        self._data_offer = offer
+
     def offer(self, worker: str) -> dict | None:
         """Create ``worker``'s gradient buffer; what its set-up call needs to map both (None: no space)."""
         self._count += 1
@@ -150,10 +172,11 @@ class SharedBuffers:
             return None
         self._paths[worker] = path
         return {"weights": self._weights_path, "gradient": path, "token_path": self._token_path,
-                "token": self.token}
+                "token": self.token, "data": self._data_offer}
 
     def drop(self, worker: str) -> None:
         self.gradients.pop(worker, None)
+        self.maps_data.discard(worker)
         path = self._paths.pop(worker, None)
         if path is not None:
             with contextlib.suppress(OSError):
@@ -162,6 +185,7 @@ class SharedBuffers:
     def close(self) -> None:
         """Remove the fit's directory (mappings stay valid until their arrays are gone)."""
         self.gradients.clear()
+        self.maps_data.clear()
         self._paths.clear()
         shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -173,16 +197,38 @@ def attach(offer: dict, size: int) -> tuple[np.ndarray, np.ndarray] | None:
     another user, or anything unexpected about the files.
     """
     try:
-        fd = os.open(offer["token_path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd) as f:
-            _check_private(os.fstat(f.fileno()), offer["token_path"], None)
-            if f.read() != offer["token"]:
-                return None
+        if not _same_user_here(offer):
+            return None
         return open_private_array(offer["weights"], size), open_private_array(offer["gradient"], size)
     except OSError as err:
         if not isinstance(err, FileNotFoundError):  # another machine is the usual reason, and no news
             logger.warning("not mapping the client's shared memory (%s); using the socket", err)
         return None
+
+
+def attach_data(offer: dict) -> dict[str, np.ndarray] | None:
+    """The worker's side: the training data the client shared (read-only arrays by name), or None."""
+    parts = offer.get("data")
+    if not parts:
+        return None
+    try:
+        if not _same_user_here(offer):
+            return None
+        return {
+            name: _map(p["path"], int(np.prod(p["shape"])), 0, p["dtype"], tuple(p["shape"]), writable=False)
+            for name, p in parts.items()
+        }
+    except OSError as err:
+        logger.warning("not mapping the client's training data (%s); it comes over the socket", err)
+        return None
+
+
+def _same_user_here(offer: dict) -> bool:
+    """Whether the fit's token file is here, private to this user, and holds the fit's token."""
+    fd = os.open(offer["token_path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd) as f:
+        _check_private(os.fstat(f.fileno()), offer["token_path"], None)
+        return f.read() == offer["token"]
 
 
 def sweep(root: str) -> None:

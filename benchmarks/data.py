@@ -1,10 +1,10 @@
 """Benchmarks of the data paths (issue 15): a lazy Dataset's loading overlapped with compute, W1
-from a dask array against W1 from NumPy, and the client's and workers' peak memory against the
-size of a dask array trained on.
+from a dask array against W1 from NumPy, where the set-up time goes, and the client's and
+workers' peak memory against the size of a dask array trained on.
 
     python -m benchmarks.data                 # all three (about 5 minutes on 2 cores)
     python -m benchmarks.data --quick         # tiny sizes (smoke test)
-    python -m benchmarks.data --part overlap  # one part: overlap, dask, memory
+    python -m benchmarks.data --part overlap  # one part: overlap, dask, setup, memory
 
 Every part runs on one LocalCluster of 2 single-threaded worker processes and compares within
 the run (ratios).  The numbers go to ``benchmarks/data.md`` (``data-quick.md`` with ``--quick``),
@@ -17,6 +17,9 @@ import argparse
 import contextlib
 import logging
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -104,36 +107,52 @@ def overlap(quick: bool) -> list[str]:
     time to compute the same update from resident arrays, and against their sum."""
     from adadamp import DaskClassifier
 
-    n, batch, width = (1024, 64, 256) if quick else (4096, 128, 1536)
+    n, batch, width = (1024, 64, 256) if quick else (4096, 128, 3072)
     rng = np.random.default_rng(0)
     X = rng.standard_normal((n, 256), dtype=np.float32)
     y = rng.integers(0, 10, n)
-    kwargs = dict(module=_mlp(256, width), optimizer=torch.optim.SGD, optimizer__lr=0.01, batch_size=batch,
-                  max_epochs=2, random_state=0)
+    kwargs = {"module": _mlp(256, width), "optimizer": torch.optim.SGD, "optimizer__lr": 0.01, "batch_size": batch,
+                  "max_epochs": 2, "random_state": 0}
     with cluster() as client:
         DaskClassifier(**{**kwargs, "max_epochs": 1}).fit(X[:512], y[:512])  # warm the workers up
         compute = DaskClassifier(**kwargs).fit(X, y)
         lazy = DaskClassifier(**kwargs).fit(SlowReads(X, y))
         del client
     per_worker = batch // 2
-    load = per_worker * READ_SECONDS  # seeded reads run one at a time on a worker
+    load = _load_seconds(SlowReads(X, y), per_worker)
     t_compute = statistics.median(u["update_time"] for u in _updates(compute, 1))
     t_lazy = statistics.median(u["update_time"] for u in _updates(lazy, 1))
     bound = max(load, t_compute)
     return [
         "## A lazy Dataset: loading overlapped with compute",
         "",
-        f"{n} examples, batch {batch} ({per_worker} per worker), {READ_SECONDS * 1e3:.0f} ms per example read, "
-        f"MLP 256-{width}-{width}-10; medians over the second epoch's updates.",
+        (f"{n} examples, batch {batch} ({per_worker} per worker), {READ_SECONDS * 1e3:.0f} ms per example read, "
+        f"MLP 256-{width}-{width}-10; medians over the second epoch's updates."),
         "",
         "| per update | seconds | / max(load, compute) |",
         "|---|---|---|",
-        f"| load ({per_worker} reads, one at a time) | {load:.3f} | |",
+        f"| load ({per_worker} seeded reads, measured alone) | {load:.3f} | |",
         f"| compute (resident arrays) | {t_compute:.3f} | |",
         f"| load + compute (no overlap) | {load + t_compute:.3f} | {(load + t_compute) / bound:.2f}x |",
         f"| **lazy Dataset, loaded ahead** | {t_lazy:.3f} | **{t_lazy / bound:.2f}x** (goal <= 1.2x) |",
         "",
     ]
+
+
+def _load_seconds(dataset, per_worker: int, repeats: int = 5) -> float:
+    """Seconds to read one worker's share as a worker does (seeded, one at a time), alone."""
+    from adadamp.loading import ExampleLoader
+
+    loader = ExampleLoader(dataset, seed=0, encode=np.asarray, threads=2)
+    try:
+        times = []
+        for k in range(repeats):
+            start = time.perf_counter()
+            loader.load(k, range(k * per_worker, (k + 1) * per_worker))
+            times.append(time.perf_counter() - start)
+    finally:
+        loader.close()
+    return statistics.median(times)
 
 
 # ------------------------------------------------------------------ (2) W1 from a dask array
@@ -145,8 +164,8 @@ def dask_vs_numpy(quick: bool) -> list[str]:
 
     wl = WORKLOADS["W1"]
     X, y = wl.data(quick)
-    kwargs = dict(module=wl.module(), optimizer=torch.optim.SGD, optimizer__lr=wl.lr,
-                  optimizer__momentum=wl.momentum, batch_size=wl.batch_size, max_epochs=wl.epochs, random_state=0)
+    kwargs = {"module": wl.module(), "optimizer": torch.optim.SGD, "optimizer__lr": wl.lr,
+                  "optimizer__momentum": wl.momentum, "batch_size": wl.batch_size, "max_epochs": wl.epochs, "random_state": 0}
     rows = {}
     with cluster() as client:
         for label, make in (
@@ -173,8 +192,8 @@ def dask_vs_numpy(quick: bool) -> list[str]:
     lines = [
         "## W1 from a dask array vs from NumPy",
         "",
-        f"W1 ({len(X)} x 784, batch {wl.batch_size}, {wl.epochs} epochs), 3 fits each on one warm cluster; "
-        "throughput over the second epoch.",
+        (f"W1 ({len(X)} x 784, batch {wl.batch_size}, {wl.epochs} epochs), 3 fits each on one warm cluster; "
+        "throughput over the second epoch."),
         "",
         "| data | samples/s | set-up s (fit wall - epochs) | final train loss |",
         "|---|---|---|---|",
@@ -185,7 +204,98 @@ def dask_vs_numpy(quick: bool) -> list[str]:
     return lines
 
 
-# ------------------------------------------------------------------ (3) memory against data size
+# ------------------------------------------------------------------ (3) set-up
+def setup(quick: bool) -> list[str]:
+    """Where a fit's time before its first update goes: torch's first optimizer in a process, the
+    first fit on a fresh cluster, a fit on a warm one, placing W1's data with and without shared
+    memory, and ``partial_fit`` called again on the same data with and without the kept call."""
+    import dask
+
+    from adadamp import DaskClassifier
+    from adadamp.engine import parameter_server, session
+
+    wl = WORKLOADS["W1"]
+    X, y = wl.data(quick)
+    placements, set_ups = [], []
+    place, enter = parameter_server.ParameterServer._place, parameter_server.ParameterServer.__enter__
+
+    def timed_place(self, workers):  # instrumentation: how long placing the data takes
+        start = time.perf_counter()
+        out = place(self, workers)
+        placements.append(time.perf_counter() - start)
+        return out
+
+    def timed_enter(self):  # and the whole backend set-up (shared memory, workers, placement)
+        start = time.perf_counter()
+        out = enter(self)
+        set_ups.append(time.perf_counter() - start)
+        return out
+
+    parameter_server.ParameterServer._place = timed_place
+    parameter_server.ParameterServer.__enter__ = timed_enter
+    start = time.perf_counter()
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    first_optimizer = time.perf_counter() - start
+
+    def est(client, **kw):
+        return DaskClassifier(module=wl.module(), optimizer=torch.optim.SGD, optimizer__lr=wl.lr,
+                              batch_size=wl.batch_size, random_state=0, client=client, **kw)
+
+    def fit_setup(client) -> tuple[float, float, float]:
+        e = est(client, max_epochs=1)
+        start = time.perf_counter()
+        e.fit(X, y)
+        return time.perf_counter() - start - e.history_[-1]["dur"], set_ups[-1], placements[-1]
+
+    def partial_fit_overhead(client) -> float:
+        e, extra = est(client), []
+        for _ in range(4):
+            start = time.perf_counter()
+            e.partial_fit(X, y)
+            extra.append(time.perf_counter() - start - e.history_[-1]["dur"])
+        return statistics.median(extra[1:])
+
+    with cluster() as client:
+        fresh, _, _ = fit_setup(client)
+        warm = [fit_setup(client) for _ in range(3)]
+        with dask.config.set({"adadamp.shm-dir": None}):
+            socket = [fit_setup(client) for _ in range(3)]
+        kept = partial_fit_overhead(client)
+        keep, session.KEEP_SECONDS = session.KEEP_SECONDS, 0.0
+        try:
+            not_kept = partial_fit_overhead(client)
+        finally:
+            session.KEEP_SECONDS = keep
+    parameter_server.ParameterServer._place = place
+    parameter_server.ParameterServer.__enter__ = enter
+    gib = (X.nbytes + y.nbytes) / 2**30
+    warm_setup = statistics.median(w[0] for w in warm)
+    shm_enter, shm_place = (statistics.median(w[k] for w in warm) for k in (1, 2))
+    socket_enter, socket_place = (statistics.median(w[k] for w in socket) for k in (1, 2))
+    return [
+        "## Set-up: before the first update",
+        "",
+        (f"W1 ({len(X)} x 784 float32, {gib * 1024:.0f} MiB), one epoch per fit; set-up = fit wall time minus the "
+        "epoch's time (validation, building, worker set-up, data placement)."),
+        "",
+        "| what | seconds |",
+        "|---|---|",
+        (f"| torch's first optimizer in a process (imports torch._dynamo; any PyTorch script pays it) | "
+        f"{first_optimizer:.3f} |"),
+        f"| set-up, first fit on a fresh cluster | {fresh:.3f} |",
+        f"| set-up, fit on a warm cluster (median of 3) | {warm_setup:.3f} |",
+        f"| fresh - warm | **{fresh - warm_setup:.3f}** (goal <= 1 s) |",
+        (f"| backend set-up, workers map the data from shared memory | {shm_enter:.3f} "
+         f"(of which placing {shm_place:.3f}); {gib / shm_enter:.2f} GiB/s |"),
+        (f"| backend set-up, data over sockets (`adadamp.shm-dir: None`) | {socket_enter:.3f} "
+         f"(of which placing {socket_place:.3f}); {gib / socket_enter:.2f} GiB/s |"),
+        f"| partial_fit on the same data, beyond its updates: kept call resumed | **{kept:.3f}** (goal <= 0.05 s) |",
+        f"| the same, set up again each call | {not_kept:.3f} |",
+        "",
+    ]
+
+
+# ------------------------------------------------------------------ (4) memory against data size
 def memory(quick: bool) -> list[str]:
     """The client's and the workers' peak RSS while fitting one epoch on dask arrays made on the workers."""
     import dask.array as da
@@ -216,8 +326,8 @@ def memory(quick: bool) -> list[str]:
     lines = [
         "## Peak memory against the size of a dask array",
         "",
-        f"float32 dask arrays of {features} features made on the workers (`da.random`), persisted, then one epoch "
-        "(batch 8192, a linear model); RSS sampled every 50 ms.",
+        (f"float32 dask arrays of {features} features made on the workers (`da.random`), persisted, then one epoch "
+        "(batch 8192, a linear model); RSS sampled every 50 ms."),
         "",
         "| data GB | examples | client RSS before (MB) | client peak (MB) | workers' peak, both (MB) | fit s |",
         "|---|---|---|---|---|---|",
@@ -248,18 +358,26 @@ def _plot(results: list[dict]) -> None:
     fig.savefig(HERE / "data-memory.png", dpi=120)
 
 
-PARTS = {"overlap": overlap, "dask": dask_vs_numpy, "memory": memory}
+PARTS = {"overlap": overlap, "dask": dask_vs_numpy, "setup": setup, "memory": memory}
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", nargs="+", default=list(PARTS), choices=list(PARTS))
     ap.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test")
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # run one part here, write its lines there
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.child is not None:
+        args.child.write_text("\n".join(PARTS[args.part[0]](args.quick)))
+        return
     lines = [f"# Data benchmarks ({time.strftime('%Y-%m-%d')}, {psutil.cpu_count()} cores)", ""]
-    for part in args.part:
-        lines += PARTS[part](args.quick)
+    for part in args.part:  # each part in a fresh process: its memory is its own
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "part.md"
+            cmd = [sys.executable, "-m", "benchmarks.data", "--part", part, "--child", str(out)]
+            subprocess.run(cmd + (["--quick"] if args.quick else []), check=True, cwd=HERE.parent)
+            lines += out.read_text().splitlines() + [""]
         print("\n".join(lines), flush=True)
     out = HERE / ("data-quick.md" if args.quick else "data.md")
     out.write_text("\n".join(lines) + "\n")

@@ -161,3 +161,34 @@ def test_predict_on_dask_runs_on_the_workers_and_returns_dask(client, clf_arrays
     assert reg.score(dX, da.from_array(target, chunks=70)) == pytest.approx(r2_score(target, reg.predict(X)))
     one = DaskRegressor(max_epochs=1, random_state=0).fit(X, target[:, 0])
     assert one.predict(dX).compute().shape == (len(X),)
+
+
+def _fit_segments_shared_with_dask(dask_worker) -> list[bool]:
+    """On a worker: for each block segment of a running fit, whether it is Dask's partition itself."""
+    from adadamp import _worker
+
+    held = [v for v in dask_worker.data.values() if isinstance(v, np.ndarray)]
+    return [
+        any(np.shares_memory(X, a) for a in held) and X_dev.data_ptr() == X.ctypes.data
+        for state in _worker._FITS.values()
+        for X, _, X_dev, _ in state.data._segments.values()
+    ]
+
+
+def test_workers_hold_each_example_once(client):
+    """A dask partition placed on a worker is trained on where Dask holds it: no second copy."""
+    from adadamp.callbacks import Callback
+
+    seen = []
+
+    class Look(Callback):
+        def on_epoch_end(self, estimator, row=None, **info):
+            seen.extend(v for values in client.run(_fit_segments_shared_with_dask).values() for v in values)
+
+    rng = np.random.default_rng(2)
+    X = da.from_array(rng.normal(size=(400, 5)).astype(np.float32), chunks=50)
+    y = X.sum(axis=1)
+    X, y = client.persist([X, y])
+    wait([X, y])
+    DaskRegressor(max_epochs=1, batch_size=40, random_state=0, callbacks=[Look()]).fit(X, y)
+    assert len(seen) == 8 and all(seen)  # 8 partitions, each one a view of Dask's own array

@@ -68,7 +68,8 @@ def test_shared_memory_is_one_private_directory_removed_after_the_fit(client, da
     assert len(dirs) == 1 and seen[dirs[0]] == 0o700, seen
     files = {p.name: mode for p, mode in seen.items() if p.parent == dirs[0]}
     n_workers = len(client.scheduler_info()["workers"])
-    assert set(files) == {"token", "weights", *(f"gradient-{k}" for k in range(1, n_workers + 1))}, files
+    expected = {"token", "weights", "data-X", "data-y", *(f"gradient-{k}" for k in range(1, n_workers + 1))}
+    assert set(files) == expected, files
     assert set(files.values()) == {0o600}
     if ROOT:
         code, err = dict(est.callbacks_)["look"].other_user_

@@ -4,7 +4,8 @@ A data source knows how many examples it has, how they are cut into blocks, wher
 holds each block, and how to move blocks to workers:
 
 * :class:`ArrayData`: NumPy arrays held by the client; a block is sent from the client whenever
-  it is placed (again), so a lost worker's blocks come back from the client's copy.
+  it is placed (again), so a lost worker's blocks come back from the client's copy.  Workers on
+  the client's machine map one shared copy instead and receive only block numbers.
 * :class:`DaskArrayData`: a dask array's persisted partitions are the blocks; the client holds
   only their keys and lengths.  A block is placed by a task on the receiving worker that takes
   the partition as input, so Dask moves it between workers, or recomputes it from its lineage
@@ -21,6 +22,7 @@ import logging
 
 import cloudpickle
 import numpy as np
+from dask.base import tokenize
 from distributed import Client, Future, wait
 from distributed.protocol import to_serialize
 
@@ -48,6 +50,13 @@ class ArrayData:
     def __len__(self) -> int:
         return len(self.X)
 
+    def token(self) -> str:
+        """What identifies the data between calls: shapes, types and a hash of up to 4096 evenly
+        spaced examples (an array refilled in place with other data gets another token)."""
+        from ..checkpoint import fingerprint
+
+        return fingerprint(self.X, self.y, {})["data"]
+
     def placement(self, n_blocks: int = 256) -> Placement:
         return Placement(len(self), n_blocks)
 
@@ -64,8 +73,13 @@ class ArrayData:
         """Send each worker its new blocks and drop the ones it gave up; returns ``{worker: error}``
         for the workers lost meanwhile (other errors raise)."""
         calls = []
+        mapped = transport.shared.maps_data if transport.shared is not None else set()
         for w, blocks_of_w in add.items():
-            blocks = [(b, *self.rows(placement.rows(b))) for b in blocks_of_w]
+            if w in mapped:  # on the client's machine: it reads the data from shared memory
+                blocks = [(b, np.arange(placement.rows(b).start, placement.rows(b).stop), None, None)
+                          for b in blocks_of_w]
+            else:
+                blocks = [(b, *self.rows(placement.rows(b))) for b in blocks_of_w]
             if blocks or drop[w]:
                 kwargs = {"fit_id": transport.fit_id, "add": to_serialize(blocks), "drop": drop[w]}
                 calls.append((w, "adadamp_data", kwargs))
@@ -87,6 +101,10 @@ class DaskArrayData:
 
     def __len__(self) -> int:
         return int(sum(self.lengths))
+
+    def token(self) -> str:
+        """Dask's deterministic token of ``X`` and ``y`` (the same graph: the same data)."""
+        return tokenize(self.X, self.y)
 
     def placement(self, n_blocks: int = 256) -> Placement:
         return Placement(len(self), lengths=self.lengths)
@@ -144,6 +162,10 @@ class DatasetData:
         pickled = cloudpickle.dumps(dataset)
         self.X = np.frombuffer(hashlib.blake2b(pickled, digest_size=16).digest(), dtype=np.uint8)
         self.y = np.array([self.n])
+
+    def token(self) -> str:
+        """The pickled Dataset's hash and how it is loaded."""
+        return bytes(self.X).hex() + hashlib.blake2b(cloudpickle.dumps(self.loading), digest_size=16).hexdigest()
 
     def payload(self, seed: int) -> bytes:
         """What a worker's set-up receives: the Dataset and how to load it, for a fit seeded ``seed``."""

@@ -188,6 +188,8 @@ class Membership:
         for w, r in zip(workers, replies):
             if shared is not None and (isinstance(r, BaseException) or not r.get("shared")):
                 shared.drop(w)  # another host: weights and gradients go over TCP
+            elif shared is not None and r.get("shared_data"):
+                shared.maps_data.add(w)  # its blocks are placed by number: it maps the data
             if isinstance(r, BaseException):
                 if not isinstance(r, LOST):
                     raise r

@@ -43,7 +43,7 @@ from ..channel import tcp_host
 from ..dampers import BaseDamper, GradStats
 from ..exceptions import ConvergenceError, NoWorkersError
 from ..optimizer_plan import apply_plan
-from ..parameters import bind_parameters, flatten_parameters, float_buffers
+from ..parameters import bind_parameters, flatten_parameters, float_buffers, trainable
 from ..records import ShareRequest, UpdateRecord, epoch_row
 from ..shm import SharedBuffers
 from .aggregation import GradientSum, Totals
@@ -58,6 +58,12 @@ logger = logging.getLogger(__name__)
 #: Rounds in a row in which some share of one update is lost before the update is given up: each
 #: round drops the lost workers, so this many means the workers keep dying as fast as they come.
 MAX_RECOMPUTES = 10
+
+
+def _mark_base_lr(optimizer: torch.optim.Optimizer) -> None:
+    for group in optimizer.param_groups:
+        group.setdefault("adadamp_base_lr", group["lr"])
+        group.pop("adadamp_scheduled_lr", None)  # set by an LRScheduler callback of this fit, if any
 
 
 def dropout_seed(seed: int, n_updates: int, rank: int) -> int:
@@ -100,9 +106,8 @@ class ParameterServer:
         self._policy = policy
         self.device = device
         self.fit_id = f"adadamp-{uuid.uuid4().hex}"
-        for group in optimizer.param_groups:
-            group.setdefault("adadamp_base_lr", group["lr"])
-            group.pop("adadamp_scheduled_lr", None)  # set by an LRScheduler callback of this fit, if any
+        self._bound = False  # the module's parameters are views of the flat buffers
+        _mark_base_lr(optimizer)
 
     @property
     def workers(self) -> list[str]:
@@ -128,24 +133,20 @@ class ParameterServer:
         self._payload = cloudpickle.dumps((self.module, self.criterion, self.device))
         if isinstance(self.data, DatasetData):
             self._dataset_payload = self.data.payload(self.loop.seed)
-        self.flat, self.grads = flatten_parameters(self.module)
-        self._buffers = float_buffers(self.module)
-        self._shared = SharedBuffers.create(self.flat.numel(), dask.config.get("adadamp.shm-dir", shm.DEFAULT_DIR))
-        if self._shared is not None:  # workers on this host read the weights in place
+        n_weights = sum(p.numel() for p in trainable(self.module))
+        self._shared = SharedBuffers.create(n_weights, dask.config.get("adadamp.shm-dir", shm.DEFAULT_DIR))
+        if self._shared is not None:
             stack.callback(self._shared.close)
-            self.flat, _ = bind_parameters(self.module, torch.from_numpy(self._shared.weights), self.grads)
+            if isinstance(self.data, ArrayData) and torch.device(self.device).type == "cpu":
+                self._shared.share_data(X=self.data.X, y=self.data.y)
+        self._bind()
         stack.callback(self._own_storage)
-        self.flat_np = self.flat.numpy()
-        self.grads_np = self.grads.numpy()
-        # The weights before the last two steps: ``_backups[_current]`` is filled during
-        # this update's round, the other one holds the last weights with a finite loss.
-        self._backups, self._current = [self.flat.clone(), self.flat.clone()], 0
         transport = Transport(
             self.client,
             self.fit_id,
             self._shared,
             self._policy.update_timeout,
-            n_weights=self.flat.numel(),
+            n_weights=n_weights,
             n_buffers=sum(b.numel() for b in self._buffers),
         )
         self.members = Membership(
@@ -158,13 +159,37 @@ class ParameterServer:
         watcher = self.members.watch()
         stack.callback(watcher.cancel)
         self.members.refresh(force=True)
+        self._suspended = contextlib.ExitStack()  # what suspend() undoes: the client's torch threads
+        stack.callback(lambda: self._suspended.close())
+        self._single_threaded(self._suspended)
+        self._size_cluster()
+
+    def _bind(self) -> None:
+        """Make the module's parameters views of the fit's flat buffers (in shared memory when the
+        workers on this host read the weights in place)."""
+        self.flat, self.grads = flatten_parameters(self.module)
+        if self._shared is not None:
+            self.flat, _ = bind_parameters(self.module, torch.from_numpy(self._shared.weights), self.grads)
+        self._buffers = float_buffers(self.module)
+        self.flat_np = self.flat.numpy()
+        self.grads_np = self.grads.numpy()
+        # The weights before the last two steps: ``_backups[_current]`` is filled during
+        # this update's round, the other one holds the last weights with a finite loss.
+        self._backups, self._current = [self.flat.clone(), self.flat.clone()], 0
+        self._bound = True
+
+    def _single_threaded(self, stack: contextlib.ExitStack) -> None:
         if self._shared is not None and self._shared.gradients:
             # Workers share this machine: the client's intra-op threads would only compete with
             # them (OpenMP threads spin after every parallel region), so step single-threaded.
             stack.callback(torch.set_num_threads, torch.get_num_threads())
             torch.set_num_threads(1)
-        if self.policy.scale and self.damper.follows_workers:
-            self.members.policy = dataclasses.replace(self.policy, scale=False)  # B follows W: never size W from B
+
+    def _size_cluster(self) -> None:
+        """The cluster policy of this damper, and the cluster sized for its first batch."""
+        self.members.policy = self._policy
+        if self._policy.scale and self.damper.follows_workers:
+            self.members.policy = dataclasses.replace(self._policy, scale=False)  # B follows W: never size W from B
         batch = self.damper.forecast_batch_size(self.loop.epoch)  # None: the first update sizes the cluster
         if self.policy.scale and batch:
             self.members.scale_to(self.policy.wanted(int(batch)))
@@ -172,12 +197,33 @@ class ParameterServer:
     def __exit__(self, *exc) -> None:
         self._stack.close()
 
+    # ------------------------------------------------------------------ warm sessions
+    def suspend(self) -> None:
+        """End one call but keep the workers, their data and the channels for the next call on
+        the same data (``partial_fit``): only the module gets its own storage back."""
+        self._own_storage()
+        self._suspended.close()  # the client's torch threads, as they were
+
+    def resume(self, *, module, optimizer, damper, loop: LoopState) -> None:
+        """Train ``module`` (a copy of the last call's model, the same architecture) next, with
+        ``optimizer``, ``damper`` and ``loop``, on the workers and data already in place."""
+        self.module, self.optimizer, self.damper, self.loop = module, optimizer, damper, loop
+        self.sampler = Sampler(loop)
+        _mark_base_lr(optimizer)
+        self._bind()
+        self._suspended = contextlib.ExitStack()
+        self._single_threaded(self._suspended)
+        self._size_cluster()
+
     def _own_storage(self) -> None:
         """Give the parameters their own storage again, so the module pickles compactly and
         outlives the flat (possibly shared-memory) buffer."""
+        if not self._bound:
+            return
         for p in self.module.parameters():
             p.data = p.data.clone()
             p.grad = None
+        self._bound = False
 
     def _setup_kwargs(self, worker: str) -> dict:
         """A worker's set-up RPC: the module and criterion, and its shared-memory offer (made now)."""

@@ -1,0 +1,86 @@
+"""Set-up at the speed of the hardware (issue 15, item 4): ``partial_fit`` on the same data resumes
+the workers and data of the last call, and workers on the client's machine map the training data
+instead of receiving it."""
+
+import gc
+import time
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import make_classification
+
+from adadamp import DaskClassifier, _worker
+from adadamp.engine import session
+from adadamp.exceptions import ConvergenceError
+
+
+def _fits_on_workers(client) -> set[str]:
+    return {f for fits in client.run(lambda: list(_worker._FITS)).values() for f in fits}
+
+
+def _mapped_on_workers(client) -> list[bool]:
+    return [v for vs in client.run(lambda: [s.data.shared for s in _worker._FITS.values()]).values() for v in vs]
+
+
+def _data(n=400, seed=0):
+    X, y = make_classification(n_samples=n, n_features=8, n_informative=5, random_state=seed)
+    return X.astype(np.float32), y
+
+
+def _weights(est):
+    return torch.cat([p.detach().reshape(-1) for p in est.module_.parameters()]).numpy()
+
+
+def test_partial_fit_on_the_same_data_resumes_the_last_call(client):
+    X, y = _data()
+    est = DaskClassifier(batch_size=32, random_state=0)
+    est.partial_fit(X, y)
+    first = _fits_on_workers(client)
+    assert len(first) == 1 and all(_mapped_on_workers(client))  # kept, on the data mapped from the client
+    est.partial_fit(X, y)
+    est.partial_fit(X.copy(), y.copy())  # equal contents: the same data
+    assert _fits_on_workers(client) == first  # nothing set up or placed again
+    # the three warm calls train as one fit of three epochs
+    once = DaskClassifier(batch_size=32, random_state=0, max_epochs=3).fit(X, y)
+    np.testing.assert_allclose(_weights(est), _weights(once), rtol=0, atol=1e-6)
+    assert _fits_on_workers(client) == first  # that fit kept nothing; this estimator's call is still kept
+
+    X2, y2 = _data(seed=1)
+    est.partial_fit(X2, y2)  # other data: the kept call is released, a new one set up
+    second = _fits_on_workers(client)
+    assert len(second) == 1 and second.isdisjoint(first)
+    del est
+    gc.collect()
+    assert _fits_on_workers(client) == set()  # released with the estimator
+
+
+def test_fit_keeps_nothing_and_a_kept_call_expires(client, monkeypatch):
+    X, y = _data()
+    DaskClassifier(batch_size=32, random_state=0, max_epochs=1).fit(X, y)
+    assert _fits_on_workers(client) == set()
+    monkeypatch.setattr(session, "KEEP_SECONDS", 0.5)
+    est = DaskClassifier(batch_size=32, random_state=0).partial_fit(X, y)
+    assert len(_fits_on_workers(client)) == 1
+    deadline = time.monotonic() + 10
+    while _fits_on_workers(client) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _fits_on_workers(client) == set()
+    est.partial_fit(X, y)  # and the next call sets up again
+    assert est.n_iter_ == 2
+
+
+def test_a_failed_call_releases_the_kept_one(client):
+    X, y = _data()
+    est = DaskClassifier(batch_size=32, random_state=0).partial_fit(X, y)
+    before = _weights(est).copy()
+    bad = X.copy()
+    bad[3, 0] = np.inf
+    with pytest.raises(ValueError, match="infinity"):
+        est.partial_fit(bad, y)  # refused before any cluster work: the kept call stays
+    np.testing.assert_array_equal(_weights(est), before)
+    assert len(_fits_on_workers(client)) == 1
+    est.set_params(optimizer__lr=1e12)
+    with pytest.raises(ConvergenceError):
+        est.partial_fit(X * 1e20, y)  # diverges: the call fails mid-training
+    assert _fits_on_workers(client) == set()  # whatever it had is released
