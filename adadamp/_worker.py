@@ -71,6 +71,7 @@ class _FitState:
     last_used: float = field(default_factory=time.monotonic)  # the client's last request or set-up
     channel: ChannelServer | None = None
     loader: ExampleLoader | None = None  # a lazy Dataset: examples are read per share, not placed
+    forward_draws: bool | None = None  # whether the module's forward draws random numbers (None: not seen)
 
     def __post_init__(self):
         if self.data is None:

@@ -7,6 +7,7 @@ result does not depend on how the batch was split (DESIGN.md §2).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -14,12 +15,13 @@ import numpy as np
 import torch
 
 from .exceptions import ShareTooSmallError
-from .seeding import seeded
+from .seeding import generator_state, seeded
 
 if TYPE_CHECKING:
     from ._worker import _FitState
 
 _NOTHING = np.zeros(0, dtype=np.int64)
+logger = logging.getLogger(__name__)
 
 
 def share_gradient(
@@ -49,8 +51,7 @@ def share_gradient(
             state.flat.copy_(torch.from_numpy(np.asarray(weights)), non_blocking=True)
         n = len(X)
         state.grads.zero_()
-        with seeded(seed, state.device):  # the forward's random draws (dropout); loads of a Dataset wait
-            out = _forward(state.module, X)  # one forward: BatchNorm sees the share once, as without statistics
+        out = _seeded_forward(state, X, seed)  # one forward: BatchNorm sees the share once
         loss, weight = _loss_sum(state.criterion, out, y, n)
         first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
         loss.backward()  # the trained gradient: the same with or without statistics
@@ -80,6 +81,33 @@ def share_gradient(
             "n_chunks": n_stat_chunks,
             "compute_time": time.perf_counter() - start,
         }
+
+
+def _seeded_forward(state: _FitState, X: torch.Tensor, seed: int) -> torch.Tensor:
+    """The module's forward pass with its random draws (dropout) seeded by ``seed``.
+
+    Seeding holds the process's generator lock, which a lazy Dataset's seeded loads also need.
+    So, while a Dataset is read with seeds on this CPU worker, the first forward pass looks
+    whether the module draws at all; one that does not then runs without the lock, and the
+    loads of the next share go on meanwhile.  Should it draw later after all, it is seeded from
+    then on (that one share's draws were not; a warning says so).
+    """
+    if state.forward_draws is False:
+        before = generator_state()  # seeded loads between the two looks restore what they change
+        out = _forward(state.module, X)
+        if not torch.equal(before, generator_state()):
+            state.forward_draws = True
+            logger.warning("the module drew random numbers in a forward pass after its first drew none; "
+                           "seeding its forward passes from now on")
+        return out
+    with seeded(seed, state.device):
+        before = torch.default_generator.get_state() if state.forward_draws is None else None
+        out = _forward(state.module, X)
+        if before is not None:
+            lazy = state.loader is not None and state.loader.cache is None and state.device.type == "cpu"
+            draws = not torch.equal(before, torch.default_generator.get_state())
+            state.forward_draws = draws or not lazy
+    return out
 
 
 def _examples(state: _FitState, indices, epoch: int, ahead, ahead_epoch: int) -> tuple[torch.Tensor, torch.Tensor]:

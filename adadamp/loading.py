@@ -11,7 +11,7 @@ Random transforms draw from the process-wide generators of torch, NumPy and ``ra
 differs every epoch, does not depend on which worker loads it, and a fit is reproducible.  Those
 generators are shared by every thread of the process, so a seeded load holds the process's
 generator lock (:func:`adadamp.seeding.seeded`) for the whole ``__getitem__`` call: seeded loads
-run one at a time and never during a forward pass.  A Dataset without random transforms may set
+run one at a time, and give way to a forward pass that draws random numbers (dropout).  A Dataset without random transforms may set
 ``dataset_cache=True``: its loads then run in parallel without seeding, and every example is
 kept in the worker's memory after its first read.
 
@@ -56,7 +56,7 @@ def _read(dataset, index: int, seed: int | None, encode, where: str) -> tuple[np
         if seed is None:
             item = dataset[index]
         else:
-            with seeded(seed):  # torch's generator, and the lock every seeded draw in this process holds
+            with seeded(seed, background=True):  # torch's generator, under the process's generator lock
                 np_state, py_state = np.random.get_state(), random.getstate()
                 np.random.seed(seed % 2**32)
                 random.seed(seed)

