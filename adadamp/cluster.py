@@ -79,7 +79,11 @@ def embedded_client(n_workers: int):
     1.5-2x slower in workers (dask-engine.md §1); the embedded cluster does
     not set it (the worker plugin also repairs it on other clusters).
     """
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+    routes = [*dask.config.get("distributed.scheduler.http.routes", []), "adadamp.dashboard"]
+    with dask.config.set({
+        "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+        "distributed.scheduler.http.routes": routes,  # the live training page at /adadamp
+    }):
         cluster = LocalCluster(
             n_workers=n_workers,
             threads_per_worker=1,
@@ -88,6 +92,8 @@ def embedded_client(n_workers: int):
             silence_logs=logging.ERROR,
         )
     client = Client(cluster, set_as_default=False)
+    if cluster.dashboard_link:
+        logger.info("live training page: %s", cluster.dashboard_link.replace("/status", "/adadamp"))
     try:
         yield client
     finally:

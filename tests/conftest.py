@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dask
 import psutil
 import pytest
 import torch
@@ -14,19 +15,26 @@ from distributed import Client, LocalCluster
 
 SLURM_DIR = Path(__file__).resolve().parent / "slurm"
 SLURM_START_TIMEOUT = 420  # seconds; the first start may install packages with apt-get
+BROWSER_INSTALL = Path(__file__).resolve().parent / "browser" / "install.sh"
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
 def cluster():
-    with LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=":0",
-        silence_logs=logging.ERROR,
-    ) as cluster:
+    """Two single-threaded worker processes; the dashboard serves adadamp's training page, as a
+    user's cluster does once ``adadamp.dashboard`` is in ``distributed.scheduler.http.routes``."""
+    routes = [*dask.config.get("distributed.scheduler.http.routes"), "adadamp.dashboard"]
+    with (
+        dask.config.set({"distributed.scheduler.http.routes": routes}),
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=logging.ERROR,
+        ) as cluster,
+    ):
         yield cluster
 
 
@@ -105,3 +113,23 @@ def slurm():
     yield last
     if "started: nothing" not in last and os.environ.get("ADADAMP_SLURM_KEEP", "") in ("", "0"):
         subprocess.run(["bash", str(SLURM_DIR / "stop.sh")], check=False, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's headless Chromium (``tests/browser/install.sh`` installs it as root); where it cannot
+    be had the test skips with the reason, or fails when ``CI`` is set (CI must run the browser tests)."""
+    try:
+        proc = subprocess.run(["bash", str(BROWSER_INSTALL)], check=False, capture_output=True, text=True,
+                              timeout=SLURM_START_TIMEOUT)
+        reason = None if proc.returncode == 0 else (
+            f"Chromium could not be installed (tests/browser/install.sh exit {proc.returncode}): "
+            + "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-10:])
+        )
+    except subprocess.TimeoutExpired:
+        reason = f"tests/browser/install.sh did not finish within {SLURM_START_TIMEOUT} s"
+    if reason is not None:
+        if _ci():
+            pytest.fail(f"{reason}\n(CI is set: the browser tests must run in CI)", pytrace=False)
+        pytest.skip(reason=reason)
+    return "chromium"

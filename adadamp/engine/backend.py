@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, Self
 
+from distributed import Client
+
 
 class Backend(Protocol):
     """One ``fit`` call's training on the cluster."""
+
+    client: Client  # the Dask client the backend trains on (the fit loop publishes its progress there)
 
     @property
     def workers(self) -> list[str]:

@@ -2,7 +2,7 @@
 the validation loss, checkpoints and the verbose table.
 
 The estimator builds the :class:`~adadamp.records.TrainingState` and the backend; this loop runs
-them.  Hooks receive the estimator and keyword arguments: ``module``, ``optimizer``, ``damper``,
+them, and publishes their progress for the live page on the Dask dashboard (:mod:`adadamp.dashboard`).  Hooks receive the estimator and keyword arguments: ``module``, ``optimizer``, ``damper``,
 ``loop`` (the clock), ``history``, and ``record`` (one update) or ``row`` (one epoch).
 """
 
@@ -16,6 +16,7 @@ import torch
 
 from .. import callbacks as callbacks_mod
 from .. import checkpoint as checkpoint_mod
+from .. import dashboard
 from ..records import TrainingState
 from .backend import Backend
 
@@ -51,12 +52,17 @@ class FitLoop:
         every = self.checkpoint_every
         if self.checkpoint is not None and every and self.state.loop.n_updates % every == 0:
             checkpoint_mod.save(self.checkpoint, self.state, updates)
+        self._publisher.update(self.state.loop.n_updates, updates[-1])
         self.call("on_update_end", record=updates[-1])
 
     def run(self, backend: Backend, epochs: int, epoch_updates: list[dict]) -> None:
         """``epoch_updates``: the records of the current epoch's earlier updates (resuming mid-epoch)."""
         s = self.state
         last_epoch = math.floor(s.loop.epoch + 1e-9) + epochs  # where this call ends on the epoch clock
+        self._publisher = dashboard.Publisher(
+            backend.client, type(self.estimator).__name__,
+            dashboard.short_params(self.estimator.get_params(deep=False)), s.loop.n_data, last_epoch,
+        )
         self.call("on_train_begin")
         try:
             for _ in range(epochs):
@@ -72,9 +78,14 @@ class FitLoop:
                 if self.verbose:
                     left = None if eta is None else max(0.0, eta - row["dur"])
                     print_row(row, header=len(s.history) == 1, eta=left)
+                self._publisher.epoch(row, eta)
                 self.call("on_epoch_end", row=row)
         except callbacks_mod.StopTraining as stop:
             logger.info("training stopped early: %s", stop)
+        except BaseException as err:
+            self._publisher.end(error=f"{type(err).__name__}: {err}")
+            raise
+        self._publisher.end()
         self.call("on_train_end")
 
 

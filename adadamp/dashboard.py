@@ -1,0 +1,306 @@
+"""The live training page on the Dask dashboard (``/adadamp``) and what fits publish for it.
+
+A fit publishes what it does as Dask events (``Client.log_event``): its parameters when it
+starts, its update records in batches (at most every half second, less often as a long fit goes
+on, so a fit stays within the scheduler's event log) and each epoch's row.  The scheduler keeps
+them; the page reads them there.  The page is two HTTP routes on the dashboard's own server,
+added through Dask's documented extension point, the config key
+``distributed.scheduler.http.routes``: list ``"adadamp.dashboard"`` there before the scheduler
+starts (the embedded cluster does so; for a cluster of yours see the monitoring guide).  Its
+plots are Bokeh figures, as Dask's pages, that poll the fit's JSON once a second.
+
+Publishing needs nothing on the scheduler: with no page installed, no Bokeh or no dashboard the
+fit runs the same, and a publication that fails is dropped, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import uuid
+
+logger = logging.getLogger(__name__)
+
+#: The event topic that lists the fits; each fit publishes its records under ``TOPIC + "/" + id``.
+TOPIC = "adadamp"
+UPDATE_FIELDS = ("batch_size", "lr", "n_workers", "loss", "compute_time", "comm_time", "step_time", "update_time")
+MAX_POINTS = 2000  # per series sent to the page (longer fits are thinned evenly)
+
+
+# --------------------------------------------------------------------------- client side
+class Publisher:
+    """Publishes one fit's progress to the scheduler of ``client`` (see the module docstring)."""
+
+    def __init__(self, client, name: str, params: dict, n_data: int, epochs: int):
+        self.client = client
+        self.fit = uuid.uuid4().hex[:12]
+        self.topic = f"{TOPIC}/{self.fit}"
+        self.start = time.time()
+        self._pending: list[dict] = []
+        self._last_flush = time.monotonic()
+        self._broken = False
+        self._send(TOPIC, {"kind": "start", "fit": self.fit, "name": name, "params": params, "n_data": n_data,
+                           "epochs": epochs, "time": self.start})
+
+    def _send(self, topic: str, msg: dict) -> None:
+        if self._broken:
+            return
+        try:
+            self.client.log_event(topic, msg)
+        except Exception as err:  # noqa: BLE001 -- monitoring never stops a fit
+            self._broken = True
+            logger.info("not publishing training progress to the dashboard (%r)", err)
+
+    def update(self, n_update: int, record: dict) -> None:
+        row = {k: _number(record[k]) for k in UPDATE_FIELDS if k in record}
+        row.update(update=n_update, time=time.time() - self.start)
+        self._pending.append(row)
+        # every half second at first; a long fit less often (at most ~1000 batches per fit)
+        every = max(0.5, (time.time() - self.start) / 1000)
+        if time.monotonic() - self._last_flush >= every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            self._send(self.topic, {"kind": "updates", "rows": self._pending})
+            self._pending = []
+        self._last_flush = time.monotonic()
+
+    def epoch(self, row: dict, eta: float | None) -> None:
+        self.flush()
+        fields = {k: _number(v) for k, v in row.items() if k != "updates" and _plain(_number(v))}
+        self._send(self.topic, {"kind": "epoch", "row": fields, "eta": None if eta is None else float(eta),
+                                "time": time.time() - self.start})
+
+    def end(self, error: str | None = None) -> None:
+        self.flush()
+        self._send(self.topic, {"kind": "end", "error": error, "time": time.time() - self.start})
+
+
+def _number(value):
+    """NumPy scalars as Python numbers (events travel as msgpack)."""
+    return value.item() if hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else value
+
+
+def _plain(value) -> bool:
+    return isinstance(value, int | float | str | bool) or value is None
+
+
+def short_params(params: dict) -> dict:
+    """An estimator's parameters as short strings for the page (classes by name)."""
+    out = {}
+    for key, value in sorted(params.items()):
+        if key == "client":
+            continue
+        text = getattr(value, "__name__", None) or repr(value)
+        out[key] = text if len(text) <= 60 else text[:57] + "..."
+    return out
+
+
+# --------------------------------------------------------------------------- scheduler side
+def fit_list(scheduler) -> list[dict]:
+    """The fits that published to this scheduler, newest first."""
+    fits = [msg for _, msg in scheduler.get_events(TOPIC) if msg.get("kind") == "start"]
+    return sorted(fits, key=lambda f: f["time"], reverse=True)
+
+
+def fit_data(scheduler, fit: str) -> dict:
+    """Everything the page shows of one fit: its parameters, update and epoch series, progress."""
+    start = next((f for f in fit_list(scheduler) if f["fit"] == fit), None)
+    updates: list[dict] = []
+    epochs: list[dict] = []
+    end = None
+    for _, msg in scheduler.get_events(f"{TOPIC}/{fit}"):
+        if msg["kind"] == "updates":
+            updates.extend(msg["rows"])
+        elif msg["kind"] == "epoch":
+            epochs.append({**msg["row"], "eta": msg["eta"], "time": msg["time"]})
+        elif msg["kind"] == "end":
+            end = msg
+    stride = max(1, math.ceil(len(updates) / MAX_POINTS))
+    shown = updates[::stride]
+    if updates and shown[-1] is not updates[-1]:
+        shown.append(updates[-1])
+    last = epochs[-1] if epochs else {}
+    progress = {
+        "epoch": len(epochs),
+        "epochs": None if start is None else start["epochs"],
+        "updates": updates[-1]["update"] if updates else 0,
+        "examples_seen": last.get("n_samples_seen", sum(u.get("batch_size", 0) for u in updates)),
+        "train_loss": last.get("train_loss"),
+        "valid_loss": last.get("valid_loss"),
+        "batch_size": last.get("batch_size", updates[-1].get("batch_size") if updates else None),
+        "workers": updates[-1].get("n_workers") if updates else None,
+        "eta_s": None if end is not None or not epochs else _left(last),
+        "state": "running" if end is None else ("failed: " + end["error"] if end.get("error") else "finished"),
+        "elapsed_s": (end or {}).get("time", updates[-1]["time"] if updates else 0.0),
+    }
+    columns = ("update", "time", *UPDATE_FIELDS)
+    return {
+        "fit": fit,
+        "name": None if start is None else start["name"],
+        "params": {} if start is None else start["params"],
+        "progress": progress,
+        "updates": {c: [u.get(c) for u in shown] for c in columns},
+        "epochs": {
+            "epoch": [e.get("epoch") for e in epochs],
+            "n_updates": [e.get("n_updates") for e in epochs],
+            "train_loss": [e.get("train_loss") for e in epochs],
+            "valid_loss": [e.get("valid_loss", math.nan) for e in epochs],
+        },
+    }
+
+
+def _left(last_epoch: dict) -> float | None:
+    eta = last_epoch.get("eta")
+    return None if eta is None else max(0.0, eta - last_epoch.get("dur", 0.0))
+
+
+def _json(value) -> str:
+    """JSON with NaN and infinity as null (browsers' JSON.parse refuses them)."""
+
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(value))
+
+
+try:  # the routes need the scheduler's HTTP server (tornado) and Bokeh, as Dask's dashboard does
+    from distributed.http.utils import RequestHandler
+except ImportError:  # pragma: no cover
+    RequestHandler = object  # type: ignore[assignment,misc]
+
+
+class TrainingData(RequestHandler):
+    """``/adadamp/data.json?fit=ID&what=updates|epochs|summary``: the page's data (JSON)."""
+
+    def get(self):
+        fits = fit_list(self.server)
+        fit = self.get_argument("fit", None) or (fits[0]["fit"] if fits else None)
+        what = self.get_argument("what", "summary")
+        self.set_header("Content-Type", "application/json")
+        if fit is None:
+            self.write(_json({"fits": [], "fit": None}))
+            return
+        data = fit_data(self.server, fit)
+        if what in ("updates", "epochs"):  # the columns a Bokeh AjaxDataSource takes
+            self.write(_json(data[what]))
+            return
+        listed = [{"fit": f["fit"], "name": f["name"], "time": f["time"]} for f in fits]
+        self.write(_json({"fits": listed, **{k: v for k, v in data.items() if k not in ("updates", "epochs")}}))
+
+
+class TrainingPage(RequestHandler):
+    """``/adadamp``: live plots of the newest fit (or ``?fit=ID``), its parameters and progress."""
+
+    def get(self):
+        fits = fit_list(self.server)
+        fit = self.get_argument("fit", None) or (fits[0]["fit"] if fits else "")
+        base = self.request.path.rstrip("/") + "/data.json"
+        self.set_header("Content-Type", "text/html")
+        try:
+            self.write(page_html(base, fit))
+        except ImportError:
+            self.write("<p>The adadamp training page needs Bokeh on the scheduler: <code>pip install bokeh</code> "
+                       f"(its data is at <a href='{base}'>{base}</a>).</p>")
+
+
+def page_html(data_url: str, fit: str) -> str:
+    """The page: Bokeh figures polling ``data_url`` for ``fit``, and a progress table kept current by a
+    few lines of JavaScript (Bokeh's JavaScript is inlined: the page needs no network)."""
+    from bokeh.embed import components
+    from bokeh.layouts import gridplot
+    from bokeh.models import AjaxDataSource
+    from bokeh.plotting import figure
+    from bokeh.resources import Resources
+
+    def source(what: str, name: str) -> AjaxDataSource:
+        return AjaxDataSource(data_url=f"{data_url}?fit={fit}&what={what}", polling_interval=1000, mode="replace",
+                              method="GET", name=name)
+
+    updates, epochs = source("updates", "updates"), source("epochs", "epochs")
+    size = {"width": 560, "height": 230, "x_axis_label": "model updates", "tools": "pan,wheel_zoom,box_zoom,reset"}
+    loss = figure(title="loss", y_axis_type="log", **size)
+    loss.line("update", "loss", source=updates, legend_label="batch loss", alpha=0.5)
+    loss.scatter("n_updates", "train_loss", source=epochs, legend_label="train loss (epoch)", color="black", size=6)
+    loss.scatter("n_updates", "valid_loss", source=epochs, legend_label="valid loss (epoch)", color="red", size=6)
+    batch = figure(title="batch size", **size)
+    batch.step("update", "batch_size", source=updates, mode="after")
+    lr = figure(title="learning rate", y_axis_type="log", **size)
+    lr.step("update", "lr", source=updates, mode="after", color="green")
+    workers = figure(title="workers", **size)
+    workers.step("update", "n_workers", source=updates, mode="after", color="purple")
+    times = figure(title="time per update (s)", y_axis_type="log", **size)
+    for field, color in (("update_time", "black"), ("compute_time", "orange"), ("comm_time", "blue"),
+                         ("step_time", "green")):
+        times.line("update", field, source=updates, legend_label=field.replace("_time", ""), color=color, alpha=0.7)
+    for fig in (loss, times):
+        fig.legend.location = "top_right"
+        fig.legend.click_policy = "hide"
+    script, div = components(gridplot([[loss, times], [batch, lr], [workers, None]]))
+    resources = Resources(mode="inline", components=["bokeh"])  # Bokeh's JavaScript in the page (1.3 MB)
+    return _PAGE.format(resources=resources.render(), script=script, div=div, data_url=json.dumps(data_url),
+                        fit=json.dumps(fit))
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>adadamp: training</title>
+{resources}
+<style>
+ body {{ font-family: sans-serif; margin: 1em; }}
+ table {{ border-collapse: collapse; margin: 0.5em 1em 1em 0; vertical-align: top; display: inline-table; }}
+ td, th {{ border: 1px solid #ccc; padding: 2px 8px; text-align: left; font-size: 13px; }}
+</style></head>
+<body>
+<h2>adadamp: <span id="name">no fit has published to this scheduler yet</span></h2>
+<div><label>fit <select id="fits"></select></label> <span id="state"></span></div>
+<table id="progress"></table>
+<p id="plotted"></p>
+{div}
+<details><summary>parameters</summary><table id="params"></table></details>
+{script}
+<script>
+const dataUrl = {data_url}, fit = {fit};
+function cells(table, rows) {{
+  document.getElementById(table).innerHTML = rows.map(
+    ([k, v]) => `<tr><th>${{k}}</th><td id="${{table}}-${{k}}">${{v === null || v === undefined ? "" : v}}</td></tr>`
+  ).join("");
+}}
+function fmt(v, digits) {{ return (typeof v === "number") ? Number(v.toPrecision(digits)) : v; }}
+async function refresh() {{
+  try {{
+    const r = await (await fetch(dataUrl + "?what=summary&fit=" + fit)).json();
+    if (!r.fit) return;
+    document.getElementById("name").textContent = r.name + " (fit " + r.fit + ")";
+    document.getElementById("state").textContent = r.progress.state;
+    const select = document.getElementById("fits");
+    select.innerHTML = r.fits.map(f => `<option value="${{f.fit}}" ${{f.fit === r.fit ? "selected" : ""}}>` +
+      `${{f.name}} ${{new Date(f.time * 1000).toLocaleTimeString()}}</option>`).join("");
+    select.onchange = () => {{ window.location.search = "?fit=" + select.value; }};
+    const p = r.progress;
+    cells("progress", [["epoch", p.epoch + (p.epochs ? " / " + p.epochs : "")], ["updates", p.updates],
+      ["examples_seen", p.examples_seen], ["train_loss", fmt(p.train_loss, 6)], ["valid_loss", fmt(p.valid_loss, 6)],
+      ["batch_size", p.batch_size], ["workers", p.workers], ["elapsed_s", fmt(p.elapsed_s, 3)],
+      ["time_left_s", fmt(p.eta_s, 3)]]);
+    cells("params", Object.entries(r.params));
+    const doc = window.Bokeh && Bokeh.documents[0];
+    const src = doc && doc.get_model_by_name("updates");
+    if (src) document.getElementById("plotted").textContent =
+      "points plotted: " + (src.data.update ? src.data.update.length : 0);
+  }} catch (err) {{ document.getElementById("state").textContent = "(no data: " + err + ")"; }}
+}}
+refresh(); setInterval(refresh, 1000);
+</script>
+</body></html>
+"""
+
+#: The routes Dask's scheduler serves when ``"adadamp.dashboard"`` is in ``distributed.scheduler.http.routes``.
+routes = [("adadamp", TrainingPage, {}), ("adadamp/data.json", TrainingData, {})]
