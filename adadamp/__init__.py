@@ -22,6 +22,7 @@ _EXPORTS = {
     "EarlyStopping": "callbacks",
     "LRScheduler": "callbacks",
     "TensorBoard": "loggers",
+    "MLflowLogger": "loggers",
     "ProgressBar": "callbacks",
     **{
         name: "dampers"
@@ -65,6 +66,7 @@ __all__ = [
     "GeoDampLR",
     "GradientDescent",
     "LRScheduler",
+    "MLflowLogger",
     "NoWorkersError",
     "PadaDamp",
     "ProgressBar",

@@ -1,4 +1,4 @@
-"""Logger callbacks: the training written where teams watch it (TensorBoard), with skorch's names.
+"""Logger callbacks: the training written where teams watch it (TensorBoard, MLflow), with skorch's names.
 
 Each is a :class:`~adadamp.callbacks.Callback`, routed like every callback
 (``callbacks=[("tb", TensorBoard())], callbacks__tb__log_dir=...``), and needs its library only
@@ -7,9 +7,12 @@ when used (an optional extra; a missing one is named before any cluster work).
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 from .callbacks import Callback
 
-__all__ = ["TensorBoard"]
+__all__ = ["MLflowLogger", "TensorBoard"]
 
 
 class TensorBoard(Callback):
@@ -87,3 +90,120 @@ class TensorBoard(Callback):
         state = self.__dict__.copy()
         state.pop("writer_", None)  # an open file: not part of a pickled estimator
         return state
+
+
+class MLflowLogger(Callback):
+    """Log the training to MLflow (skorch's name and parameters): the estimator's parameters, the
+    numbers of every epoch's row as metrics, and the trained model as artifacts.
+
+    Needs MLflow (``pip install "adadamp[mlflow]"``; ``mlflow-skinny`` suffices).  Metrics per
+    epoch (step = epoch) are the epoch row's numbers (``train_loss``, ``valid_loss``,
+    ``batch_size``, ``lr``, ``n_workers``, ``dur``, ...); per update (step = model updates, with
+    ``log_on_batch_end``) the update record's.  At the end of training the fitted state is saved
+    with :meth:`~adadamp.estimators.BaseDaskEstimator.save_params` (``params.pt``,
+    ``optimizer.pt``, ``history.json``) and logged as the run's artifacts.
+
+    Parameters
+    ----------
+    run : mlflow.entities.Run or None, default=None
+        The run to log to (None: MLflow's active run, else a new one started with
+        ``mlflow.start_run()``).
+    client : mlflow.tracking.MlflowClient or None, default=None
+        The client to log with (None: ``MlflowClient()``, MLflow's tracking URI).
+    create_artifact : bool, default=True
+        Log the trained model (``save_params``) at the end of training.
+    terminate_after_train : bool, default=True
+        Mark the run finished at the end of training (False: a later ``partial_fit`` logs on).
+    log_on_batch_end : bool, default=False
+        Also log every update's record.
+    log_on_epoch_end : bool, default=True
+        Log every epoch's row.
+    batch_suffix, epoch_suffix : str or None, default=None
+        Appended to the metric names per update / per epoch; None: ``"_batch"`` / ``"_epoch"``
+        when both are logged, else nothing.
+    keys_ignored : list of str or None, default=None
+        Keys of the rows not to log.
+
+    Attributes
+    ----------
+    run_ : mlflow.entities.Run
+    client_ : mlflow.tracking.MlflowClient
+
+    Examples
+    --------
+    >>> import mlflow  # doctest: +SKIP
+    >>> with mlflow.start_run() as run:  # doctest: +SKIP
+    ...     DaskClassifier(callbacks=[("mlflow", MLflowLogger(run))]).fit(X, y)
+    """
+
+    def __init__(
+        self,
+        run=None,
+        client=None,
+        create_artifact: bool = True,
+        terminate_after_train: bool = True,
+        log_on_batch_end: bool = False,
+        log_on_epoch_end: bool = True,
+        batch_suffix: str | None = None,
+        epoch_suffix: str | None = None,
+        keys_ignored: list[str] | None = None,
+    ):
+        self.run = run
+        self.client = client
+        self.create_artifact = create_artifact
+        self.terminate_after_train = terminate_after_train
+        self.log_on_batch_end = log_on_batch_end
+        self.log_on_epoch_end = log_on_epoch_end
+        self.batch_suffix = batch_suffix
+        self.epoch_suffix = epoch_suffix
+        self.keys_ignored = keys_ignored
+
+    def check_params(self) -> None:
+        """MLflow must be installed (checked before any cluster work)."""
+        try:
+            import mlflow  # noqa: F401
+        except ImportError as err:
+            raise ImportError('The MLflowLogger callback needs MLflow: pip install "adadamp[mlflow]".') from err
+
+    def on_train_begin(self, estimator, **info) -> None:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        self.client_ = self.client if self.client is not None else MlflowClient()
+        self.run_ = self.run if self.run is not None else (mlflow.active_run() or mlflow.start_run())
+        both = self.log_on_batch_end and self.log_on_epoch_end
+        self.batch_suffix_ = self.batch_suffix if self.batch_suffix is not None else ("_batch" if both else "")
+        self.epoch_suffix_ = self.epoch_suffix if self.epoch_suffix is not None else ("_epoch" if both else "")
+        self._ignored = set(self.keys_ignored or ())
+        run_id = self.run_.info.run_id
+        logged = self.client_.get_run(run_id).data.params  # a run's parameters cannot change: log new ones only
+        for key, value in estimator.get_params(deep=False).items():
+            if key not in logged and not key.startswith("callbacks") and key != "client":
+                text = getattr(value, "__name__", None) or repr(value)
+                self.client_.log_param(run_id, key, text[:500])
+
+    def _log(self, values: dict, suffix: str, step: int) -> None:
+        for key, value in values.items():
+            if key in self._ignored or isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            self.client_.log_metric(self.run_.info.run_id, key + suffix, float(value), step=step)
+
+    def on_update_end(self, estimator, record=None, loop=None, **info) -> None:
+        if self.log_on_batch_end:
+            self._log(record, self.batch_suffix_, loop.n_updates)
+
+    def on_epoch_end(self, estimator, row=None, **info) -> None:
+        if self.log_on_epoch_end:
+            self._log({k: v for k, v in row.items() if k != "epoch"}, self.epoch_suffix_, row["epoch"])
+
+    def on_train_end(self, estimator, **info) -> None:
+        run_id = self.run_.info.run_id
+        if self.create_artifact:
+            with tempfile.TemporaryDirectory() as tmp:
+                files = {name: os.path.join(tmp, name) for name in ("params.pt", "optimizer.pt", "history.json")}
+                estimator.save_params(f_params=files["params.pt"], f_optimizer=files["optimizer.pt"],
+                                      f_history=files["history.json"])
+                for path in files.values():
+                    self.client_.log_artifact(run_id, path)
+        if self.terminate_after_train:
+            self.client_.set_terminated(run_id)

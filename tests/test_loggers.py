@@ -49,3 +49,49 @@ def test_a_missing_tensorboard_is_named_before_cluster_work(monkeypatch, regress
     with pytest.raises(ImportError, match=r"adadamp\[tensorboard\]"):
         DaskRegressor(max_epochs=1, callbacks=[TensorBoard()]).fit(X, y)
     assert new_processes() == []
+
+
+def test_mlflow_logs_params_metrics_and_the_model(client, regression_data, tmp_path, monkeypatch):
+    """MLflow's own client and local file store, read back with MLflow's client."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the file store (no database) for a test
+    from mlflow.tracking import MlflowClient
+
+    from adadamp import MLflowLogger
+
+    tracking = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    run = tracking.create_run(tracking.create_experiment("adadamp"))
+    X, y = regression_data
+    est = DaskRegressor(
+        optimizer=torch.optim.SGD, optimizer__lr=0.01, batch_size=GeoDamp(initial=32, delay=1, factor=2),
+        max_epochs=3, random_state=0, validation_fraction=0.25,
+        callbacks=[("mlflow", MLflowLogger(run, tracking, log_on_batch_end=True))],
+    ).fit(X, y)
+    run_id = run.info.run_id
+    logged = tracking.get_run(run_id)
+    assert logged.info.status == "FINISHED"
+    assert logged.data.params["max_epochs"] == "3" and logged.data.params["optimizer"] == "SGD"
+    valid = tracking.get_metric_history(run_id, "valid_loss_epoch")
+    assert [m.step for m in valid] == [1, 2, 3]
+    assert [m.value for m in valid] == pytest.approx([r["valid_loss"] for r in est.history_], rel=1e-9)
+    batch_sizes = [m.value for m in sorted(tracking.get_metric_history(run_id, "batch_size_batch"),
+                                           key=lambda m: m.step)]
+    assert batch_sizes == [u["batch_size"] for r in est.history_ for u in r["updates"]]
+    artifacts = {f.path for f in tracking.list_artifacts(run_id)}
+    assert artifacts == {"params.pt", "optimizer.pt", "history.json"}
+    # the logged model is the trained one
+    path = tracking.download_artifacts(run_id, "params.pt", str(tmp_path / "down"))
+    saved = torch.load(path, weights_only=True)
+    for name, tensor in est.module_.state_dict().items():
+        assert torch.equal(saved[name], tensor)
+
+
+def test_a_missing_mlflow_is_named_before_cluster_work(monkeypatch, regression_data, new_processes):
+    import sys
+
+    from adadamp import MLflowLogger
+
+    X, y = regression_data
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if MLflow were not installed
+    with pytest.raises(ImportError, match=r"adadamp\[mlflow\]"):
+        DaskRegressor(max_epochs=1, callbacks=[MLflowLogger()]).fit(X, y)
+    assert new_processes() == []
