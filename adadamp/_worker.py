@@ -254,14 +254,14 @@ async def _adadamp_release(fit_id: str) -> dict:
 
 
 async def _adadamp_gradient(
-    fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None, ahead_epoch: int = 0
+    fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None
 ) -> dict:
     """The gradient as a Dask RPC (workers without a channel)."""
     state = _FITS[fit_id]
     ahead = np.zeros(0, dtype=np.int64) if ahead is None else np.asarray(ahead)
 
     def compute():
-        r = share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead, ahead_epoch)
+        r = share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead)
         state.inline = r["compute_time"] < INLINE_SECONDS
         for key in ("grad", "buffers"):
             if r[key] is not None:

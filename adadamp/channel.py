@@ -43,8 +43,8 @@ from .exceptions import ShareTooSmallError
 from .records import GradientReply
 
 # Request: number of indices (-1 closes), chunks, seed, number of weights sent (0: shared memory),
-# the data epoch of the indices, number of indices to load ahead, their data epoch.
-REQUEST = struct.Struct("<qqqqqqq")
+# the data epoch of the indices, number of examples to load ahead (keys: epoch * n + index).
+REQUEST = struct.Struct("<qqqqqq")
 # Reply: status (0 ok, 1 error), n, n_chunks, gradient floats, buffer floats, error bytes,
 # loss sum, chunk squared-norm sum, compute seconds, the loss's normalizer (weighted count).
 REPLY = struct.Struct("<qqqqqqdddd")
@@ -107,7 +107,7 @@ def _as_bytes(array: np.ndarray) -> memoryview:
 class ChannelServer:
     """Serves one fit's gradient requests on a worker, in a thread of its own.
 
-    ``compute(weights, indices, n_chunks, seed, epoch, ahead, ahead_epoch)`` returns the reply fields as
+    ``compute(weights, indices, n_chunks, seed, epoch, ahead)`` returns the reply fields as
     a dict with numpy arrays; it runs in this thread, so the worker's event
     loop (heartbeats, Dask RPCs) keeps running while a gradient is computed.
     ``on_close()`` runs once when the channel ends for any reason (the client
@@ -205,7 +205,7 @@ class ChannelServer:
         return None
 
     def _serve_one(self, conn: socket.socket) -> bool:
-        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, ahead_epoch = _recv_header(conn, REQUEST)
+        n_idx, n_chunks, seed, n_weights, epoch, n_ahead = _recv_header(conn, REQUEST)
         if n_idx < 0:
             return False
         if (
@@ -223,7 +223,7 @@ class ChannelServer:
             recv_exactly(conn, _as_bytes(self._weights))
             weights = self._weights
         try:
-            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead, ahead_epoch)
+            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead)
         except Exception as err:  # noqa: BLE001 -- any error is the client's to raise
             message = f"{type(err).__name__}: {err}".encode(errors="replace")[:MAX_ERROR_BYTES]
             conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0) + message)
@@ -287,14 +287,13 @@ class Channel:
         weights: np.ndarray | None,
         epoch: int = 0,
         ahead: np.ndarray | None = None,
-        ahead_epoch: int = 0,
     ) -> None:
         """Ask for the gradient over ``indices`` (send ``weights`` unless the worker maps them);
         ``ahead``: the examples the worker may start loading for the next request."""
         ahead = np.zeros(0, dtype=np.int64) if ahead is None else ahead
         both = np.concatenate([np.asarray(indices, dtype=np.int64), np.asarray(ahead, dtype=np.int64)])
         header = REQUEST.pack(
-            len(indices), n_chunks, seed, 0 if weights is None else weights.size, epoch, len(ahead), ahead_epoch
+            len(indices), n_chunks, seed, 0 if weights is None else weights.size, epoch, len(ahead)
         )
         send_all(self.sock, [header, _as_bytes(both)] + ([] if weights is None else [_as_bytes(weights)]))
 
@@ -326,6 +325,6 @@ class Channel:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0, 0))
+            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0))
         with contextlib.suppress(OSError):
             self.sock.close()

@@ -32,19 +32,18 @@ def share_gradient(
     seed: int,
     epoch: int = 0,
     ahead: np.ndarray = _NOTHING,
-    ahead_epoch: int = 0,
 ) -> dict:
     """The gradient sum over ``indices`` at ``weights`` (None: already in place).
 
     The examples are resident rows, or (a lazy Dataset) read now, in data epoch ``epoch``;
-    then the ``ahead`` examples of the next share start loading.  Returns numpy arrays
+    then the ``ahead`` examples of the next shares (keys ``epoch * n + index``) start loading.  Returns numpy arrays
     (``grad`` is None when it went to shared memory) and the example count, the loss sum and,
     with ``n_chunks > 1``, the chunk statistics AdaScale needs.
     """
     with state.lock:
         state.last_used = time.monotonic()
         start = time.perf_counter()
-        X, y = _examples(state, indices, epoch, ahead, ahead_epoch)
+        X, y = _examples(state, indices, epoch, ahead)
         if state.shared and state.device.type != "cpu":
             state.flat.copy_(state.shared_weights, non_blocking=True)
         elif not state.shared:
@@ -110,10 +109,10 @@ def _seeded_forward(state: _FitState, X: torch.Tensor, seed: int) -> torch.Tenso
     return out
 
 
-def _examples(state: _FitState, indices, epoch: int, ahead, ahead_epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _examples(state: _FitState, indices, epoch: int, ahead) -> tuple[torch.Tensor, torch.Tensor]:
     """The share's inputs and targets on the fit's device."""
     if state.loader is not None:
-        X, y = state.loader.load(epoch, indices, ahead, ahead_epoch)
+        X, y = state.loader.load(epoch, indices, ahead)
         return torch.from_numpy(X).to(state.device), torch.from_numpy(y).to(state.device)
     return state.data.gather(indices)
 

@@ -124,24 +124,26 @@ class ExampleLoader:
             future = self._pending[key] = self._pool.submit(self._load, epoch, index)
         return future
 
-    def prefetch(self, epoch: int, indices) -> None:
-        """Start loading ``indices`` of data epoch ``epoch`` (they are asked for by the next request)."""
+    def prefetch(self, keys) -> None:
+        """Start loading the examples ``keys`` (``data_epoch * len(dataset) + index``: the next
+        requests ask for them)."""
+        n = len(self.dataset)
         with self._lock:
-            for i in np.asarray(indices).tolist():
-                self._future(epoch, i)
+            for key in np.asarray(keys).tolist():
+                self._future(key // n, key % n)
             while len(self._pending) > MAX_PENDING:
                 self._pending.popitem(last=False)[1].cancel()
 
-    def load(self, epoch: int, indices, ahead=(), ahead_epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def load(self, epoch: int, indices, ahead=()) -> tuple[np.ndarray, np.ndarray]:
         """The examples ``indices`` of data epoch ``epoch`` as ``(X, y)``, waiting for those still
-        loading; the ``ahead`` examples (of ``ahead_epoch``) are queued behind them."""
+        loading; the ``ahead`` examples (keys, as :meth:`prefetch`) are queued behind them."""
         with self._lock:
             keys = [(epoch, i) for i in np.asarray(indices).tolist()]
             futures = [self._future(*k) for k in keys]
             for k in keys:
                 self._pending.pop(k, None)
         if len(ahead):
-            self.prefetch(ahead_epoch, ahead)
+            self.prefetch(ahead)
         pairs = [f.result() for f in futures]
         return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
 

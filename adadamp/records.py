@@ -32,10 +32,11 @@ class GradientReply:
 @dataclass
 class ShareRequest:
     """One worker's share of an update: the examples it computes the gradient over, and those it
-    may start loading for the next update (lazy Datasets: loading overlaps this share's compute).
+    may start loading for the next updates (lazy Datasets: loading overlaps the compute).
 
     ``epoch`` is the data epoch the examples are drawn in (a batch never straddles two): with
-    the fit's seed and each example's index it seeds that example's random transforms.
+    the fit's seed and each example's index it seeds that example's random transforms.  The
+    ``ahead`` examples are keys ``data_epoch * n_examples + index``.
     """
 
     worker: str
@@ -43,7 +44,6 @@ class ShareRequest:
     indices: np.ndarray
     epoch: int = 0
     ahead: np.ndarray | None = None
-    ahead_epoch: int = 0
 
 
 @dataclass

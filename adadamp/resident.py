@@ -32,7 +32,7 @@ class ResidentData:
     >>> data.update([(1, np.arange(3, 6), np.ones((3, 2), np.float32), np.arange(3, 6))], [], borrowed=True)
     >>> X, y = data.gather(np.array([4, 1]))
     >>> X[:, 0].tolist(), y.tolist(), sorted(data.block_index)
-    ([1.0, 0.0], [4, 1], [0, 1])
+    ([0.0, 1.0], [1, 4], [0, 1])
     """
 
     def __init__(self, n_total: int, device: torch.device):
@@ -121,7 +121,8 @@ class ResidentData:
         self._row[idx] = np.arange(len(idx))
 
     def gather(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """The inputs and targets of ``indices``, in that order, on the device."""
+        """The inputs and targets of ``indices`` on the device (in the indices' order when they are
+        in one segment, else segment by segment)."""
         indices = np.asarray(indices)
         segments = self._segment[indices]
         if (segments == ABSENT).any():
@@ -135,8 +136,8 @@ class ResidentData:
             _, _, X_dev, y_dev = self._segments[int(segments[0])]
             rows_t = torch.from_numpy(rows).to(self.device)
             return X_dev.index_select(0, rows_t), y_dev.index_select(0, rows_t)
-        # Several segments: one index_select per segment over the share sorted by segment, then
-        # the share's own order back (about 0.08 ms for 256 examples from 8 partitions).
+        # Several segments: one index_select per segment, the share in segment order (a fixed order
+        # for the same placement; only the float summation order differs from the indices' order).
         order = np.argsort(segments, kind="stable")
         by_segment = segments[order]
         cuts = [0, *(np.flatnonzero(by_segment[1:] != by_segment[:-1]) + 1).tolist(), len(order)]
@@ -146,7 +147,4 @@ class ResidentData:
             _, _, X_dev, y_dev = self._segments[int(by_segment[a])]
             parts_X.append(X_dev.index_select(0, rows_t[a:b]))
             parts_y.append(y_dev.index_select(0, rows_t[a:b]))
-        back = np.empty_like(order)
-        back[order] = np.arange(len(order))
-        back_t = torch.from_numpy(back).to(self.device)
-        return torch.cat(parts_X).index_select(0, back_t), torch.cat(parts_y).index_select(0, back_t)
+        return torch.cat(parts_X), torch.cat(parts_y)

@@ -96,7 +96,7 @@ def test_each_example_is_augmented_anew_every_epoch():
     one = ExampleLoader(ds, seed=5, encode=np.asarray, threads=1)
     other = ExampleLoader(ds, seed=5, encode=np.asarray, threads=4)  # another worker, more threads
     try:
-        other.prefetch(0, range(8))
+        other.prefetch(range(8))  # epoch 0: keys are the indices
         x0, y0 = one.load(0, [6, 2])
         np.testing.assert_array_equal(other.load(0, [6, 2])[0], x0)  # same example, epoch, seed: same draw
         assert y0.tolist() == [6, 2]
@@ -145,17 +145,25 @@ def test_the_cache_reads_each_example_once(client, digits, tmp_path):
         f.unlink()
     DaskClassifier(max_epochs=3, batch_size=32, random_state=0).fit(ds)
     reads = [int(v) for f in tmp_path.iterdir() for v in f.read_text().split()]
-    # without the cache: once per epoch, plus at most the one batch named ahead after the last update
-    assert 3 * 200 + 2 <= len(reads) <= 3 * 200 + 2 + 32
+    # without the cache: once per epoch, plus at most the two batches named ahead after the last update
+    assert 3 * 200 + 2 <= len(reads) <= 3 * 200 + 2 + 2 * 32
 
 
-def test_the_next_batch_is_named_ahead():
+def test_the_next_batches_are_named_ahead():
     loop = LoopState(seed=0, n_data=10)
     sampler = Sampler(loop)
     for _ in range(7):
-        ahead, epoch = sampler.peek(4)
-        assert epoch == loop.data_epoch
-        assert sampler.take(4).tolist() == ahead.tolist()
+        ahead = sampler.peek(4, batches=2)
+        epoch = loop.data_epoch
+        first, second = sampler.take(4), None
+        assert (ahead[: len(first)] % 10).tolist() == first.tolist()
+        assert set((ahead[: len(first)] // 10).tolist()) == {epoch}
+        state = (loop.position, loop.data_epoch, sampler._perm, sampler._perm_epoch)
+        second_epoch = loop.data_epoch
+        second = sampler.take(4)
+        assert (ahead[len(first):] % 10).tolist() == second.tolist()
+        assert set((ahead[len(first):] // 10).tolist()) == {second_epoch}
+        loop.position, loop.data_epoch, sampler._perm, sampler._perm_epoch = state  # back one batch
 
 
 def test_regressor_and_bad_input(client, digits):

@@ -55,6 +55,10 @@ from .transport import LOST, Transport, channels_enabled
 
 logger = logging.getLogger(__name__)
 
+#: Batches a lazy Dataset's workers are asked to load ahead: with one, a worker whose loads
+#: finished before the next request idled until it came (measured: 1.25x against 1.1x with two).
+PREFETCH_BATCHES = 2
+
 #: Rounds in a row in which some share of one update is lost before the update is given up: each
 #: round drops the lost workers, so this many means the workers keep dying as fast as they come.
 MAX_RECOMPUTES = 10
@@ -250,11 +254,11 @@ class ParameterServer:
         return failed
 
     # ------------------------------------------------------------------ training
-    def _gradients(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: tuple | None = None) -> Totals:
+    def _gradients(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None = None) -> Totals:
         """Sum the workers' gradients over ``idx`` into ``self.grads_np``, recomputing lost shares.
 
-        ``idx`` is drawn in data epoch ``epoch``; ``ahead`` = ``(indices, epoch)`` of the next
-        batch, which each worker may start loading (a lazy Dataset).
+        ``idx`` is drawn in data epoch ``epoch``; ``ahead`` holds the next batches' examples
+        (keys, :meth:`Sampler.peek`), which each worker may start loading (a lazy Dataset).
 
         Each reply is added as soon as it and the replies before it are in, and the weights
         are backed up once the first reply is in: both then overlap the slower workers'
@@ -279,10 +283,9 @@ class ParameterServer:
                 for k, sub in self.placement.shares(todo, len(self.workers))
             ]
             if ahead is not None and _round == 0:
-                for k, sub in self.placement.shares([ahead[0]], len(self.workers)):
-                    for r in requests:
-                        if r.worker == self.workers[k]:
-                            r.ahead, r.ahead_epoch = sub, ahead[1]
+                rank = self.placement.owner[self.placement.blocks_of(ahead % self.loop.n_data)]
+                for r in requests:
+                    r.ahead = ahead[rank == self.workers.index(r.worker)]
             replies, send_time = self.transport.round(requests, n_chunks, self.flat_np, on_reply=add)
             summed.totals.send += send_time
             todo, lost = [], []
@@ -316,7 +319,9 @@ class ParameterServer:
             self.members.scale_for(batch_size, ahead)
         epoch = self.loop.data_epoch
         idx = self.sampler.take(batch_size)
-        ahead = self.sampler.peek(batch_size) if isinstance(self.data, DatasetData) else None
+        ahead = None
+        if isinstance(self.data, DatasetData):  # the next batches, if they are as large: loaded meanwhile
+            ahead = self.sampler.peek(batch_size, PREFETCH_BATCHES)[: self.loop.n_data]
         need = self.damper.stats_level()
         n_chunks = 2 if need == "chunks" else 1  # "norm" is computed here, from the summed gradient
         t_sent = time.perf_counter()

@@ -98,13 +98,31 @@ class Sampler:
         span = self.advance(batch_size)
         return perm[span.start : span.stop]
 
-    def peek(self, batch_size: int) -> tuple[np.ndarray, int]:
-        """The example indices of the next batch if it has ``batch_size`` examples, and their data
-        epoch, without drawing them (a lazy Dataset's workers load them ahead)."""
+    def peek(self, batch_size: int, batches: int = 1) -> np.ndarray:
+        """The examples of the next ``batches`` batches if they have ``batch_size`` examples, as
+        keys ``data_epoch * n_data + index``, without drawing them (a lazy Dataset's workers load
+        them ahead).
+
+        Examples
+        --------
+        >>> loop = LoopState(seed=0, n_data=5)
+        >>> s = Sampler(loop)
+        >>> keys = s.peek(2, batches=4)  # 2 + 2 + 1 (the end of epoch 0), then 2 of epoch 1
+        >>> (keys // 5).tolist(), (keys[:2] % 5).tolist() == s.take(2).tolist()
+        ([0, 0, 0, 0, 0, 1, 1], True)
+        """
         lp = self.loop
-        if lp.position == 0 or self._perm is None or self._perm_epoch != lp.data_epoch:
-            return lp.permutation()[:batch_size], lp.data_epoch
-        return self._perm[lp.position : lp.position + batch_size], lp.data_epoch
+        position, epoch, keys = lp.position, lp.data_epoch, []
+        perm = self._perm if (position and self._perm is not None and self._perm_epoch == epoch) else None
+        for _ in range(batches):
+            if perm is None:
+                perm = LoopState(seed=lp.seed, n_data=lp.n_data, data_epoch=epoch).permutation()
+            stop = min(position + batch_size, lp.n_data)
+            keys.append(perm[position:stop] + epoch * lp.n_data)
+            position = stop
+            if position >= lp.n_data:
+                position, epoch, perm = 0, epoch + 1, None
+        return np.concatenate(keys).astype(np.int64)
 
     def advance(self, batch_size: int) -> range:
         """Move past the next batch without drawing it: its positions in this data epoch's permutation.

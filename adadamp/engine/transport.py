@@ -129,14 +129,13 @@ class Transport:
                 kwargs = {
                     "fit_id": self.fit_id, "indices": to_serialize(r.indices), "n_chunks": n_chunks, "seed": r.seed,
                     "epoch": r.epoch, "ahead": None if r.ahead is None else to_serialize(r.ahead),
-                    "ahead_epoch": r.ahead_epoch,
                 }
                 kwargs["weights"] = None if payload is None else to_serialize(payload)
                 rpc_calls.append((r.worker, "adadamp_gradient", kwargs))
                 rpc_slots.append(i)
                 continue
             try:
-                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.ahead_epoch)
+                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead)
                 sent.add(i)
             except OSError as err:
                 replies[i] = err
