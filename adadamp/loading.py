@@ -118,7 +118,7 @@ class ExampleLoader:
         return _read(self.dataset, index, example_seed(self.seed, epoch, index), self.encode, self.where)
 
     def _future(self, epoch: int, index: int) -> Future:
-        key = (epoch, index)
+        key = (0 if self.cache is not None else epoch, index)  # cached examples are the same every epoch
         future = self._pending.get(key)
         if future is None:
             future = self._pending[key] = self._pool.submit(self._load, epoch, index)
@@ -131,17 +131,19 @@ class ExampleLoader:
         with self._lock:
             for key in np.asarray(keys).tolist():
                 self._future(key // n, key % n)
-            while len(self._pending) > MAX_PENDING:
+            while self.cache is None and len(self._pending) > MAX_PENDING:
                 self._pending.popitem(last=False)[1].cancel()
 
     def load(self, epoch: int, indices, ahead=()) -> tuple[np.ndarray, np.ndarray]:
         """The examples ``indices`` of data epoch ``epoch`` as ``(X, y)``, waiting for those still
         loading; the ``ahead`` examples (keys, as :meth:`prefetch`) are queued behind them."""
         with self._lock:
+            epoch = 0 if self.cache is not None else epoch
             keys = [(epoch, i) for i in np.asarray(indices).tolist()]
             futures = [self._future(*k) for k in keys]
-            for k in keys:
-                self._pending.pop(k, None)
+            if self.cache is None:  # cached: the future stays, so an example is read once per worker
+                for k in keys:
+                    self._pending.pop(k, None)
         if len(ahead):
             self.prefetch(ahead)
         pairs = [f.result() for f in futures]
