@@ -454,7 +454,7 @@ class BaseDaskEstimator(BaseEstimator):
             a dask array or DataFrame (trained on where its partitions are;
             the client holds none of it), or a map-style torch Dataset of
             ``(x, y)`` pairs (then ``y=None``), which the workers read example
-            by example (with no cluster running, it is read here once).
+            by example (the embedded cluster's too).
             N-dimensional inputs (images, sequences) are kept as they are.
         y : array-like of shape (n_samples,) or (n_samples, n_targets)
             Targets: labels for the classifier, numbers for the regressor.
@@ -534,9 +534,16 @@ class BaseDaskEstimator(BaseEstimator):
 
     def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None, keep: bool = False):
         self._check_params()
-        client = self.client if self.client is not None else _active_client()
+        client = self._client()
         if isinstance(X, torch.utils.data.Dataset) and client is None:
-            X, y = inputs.from_dataset(X, y)  # no cluster yet: the embedded one gets the arrays
+            # No cluster: start the embedded one now, so that its workers read the Dataset.
+            policy, _ = self._cluster_policy()
+            with cl.training_client(None, policy, None) as embedded:
+                self._embedded = embedded
+                try:
+                    return self._fit(X, y, epochs=epochs, fresh=fresh, classes=classes)
+                finally:
+                    del self._embedded
         if isinstance(X, torch.utils.data.Dataset):
             data, head, targets = self._dataset_data(client, X, y, fresh=fresh, classes=classes)
             X = y = None  # the workers read the examples
@@ -778,9 +785,18 @@ class BaseDaskEstimator(BaseEstimator):
             device=str(self.device),
         )
 
+    def _client(self) -> Client | None:
+        """The client this call trains on: an embedded cluster's started for it (a lazy Dataset),
+        ``client``, or the current one; None: an embedded cluster is started for the training."""
+        if "_embedded" in self.__dict__:
+            return self._embedded[0]
+        return self.client if self.client is not None else _active_client()
+
     def _cluster_policy(self) -> tuple[cl.ClusterPolicy, Client | None]:
         """How the cluster is sized for this fit, and the client to train on (None: an embedded cluster)."""
-        client = self.client if self.client is not None else _active_client()
+        if "_embedded" in self.__dict__:
+            return self._embedded[1], self._embedded[0]
+        client = self._client()
         embedded = client is None
         scale = self.scale_cluster if self.scale_cluster is not None else embedded
         policy = cl.ClusterPolicy(
@@ -978,6 +994,7 @@ class BaseDaskEstimator(BaseEstimator):
         state = self.__dict__.copy()
         state["client"] = None
         state.pop("_kept_backend", None)  # live connections to the workers stay with this object
+        state.pop("_embedded", None)
         return state
 
     def __sklearn_clone__(self):

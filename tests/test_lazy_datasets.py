@@ -179,3 +179,11 @@ def test_regressor_and_bad_input(client, digits):
         DaskRegressor(validation_fraction=0.2).fit(ds)
     with pytest.raises(ValueError, match="dataset_threads"):
         DaskRegressor(dataset_threads=0).fit(ds)
+
+
+def test_without_a_client_the_embedded_cluster_reads_the_dataset(digits):
+    """No client: the embedded cluster starts before the Dataset is looked at, so its workers read it."""
+    X, y = digits
+    est = DaskClassifier(max_epochs=1, batch_size=64, random_state=0).fit(ClientForbidden(X[:300], y[:300]))
+    assert est.n_iter_ == 1 and est.history_[-1]["n_samples_seen"] == 300
+    assert est.predict(X[:5]).shape == (5,)
