@@ -261,7 +261,7 @@ def setup(quick: bool) -> list[str]:
 
     def partial_fit_overhead(client) -> float:
         e, extra = est(client), []
-        for _ in range(4):
+        for _ in range(20):  # a partial_fit loop of 20 calls on the same data
             start = time.perf_counter()
             e.partial_fit(X, y)
             extra.append(time.perf_counter() - start - e.history_[-1]["dur"])
@@ -301,7 +301,8 @@ def setup(quick: bool) -> list[str]:
          f"(of which placing {shm_place:.3f}); {gib / shm_enter:.2f} GiB/s |"),
         (f"| backend set-up, data over sockets (`adadamp.shm-dir: None`) | {socket_enter:.3f} "
          f"(of which placing {socket_place:.3f}); {gib / socket_enter:.2f} GiB/s |"),
-        f"| partial_fit on the same data, beyond its updates: kept call resumed | **{kept:.3f}** (goal <= 0.05 s) |",
+        (f"| 20 partial_fit calls on the same data, median beyond their updates: kept call resumed | "
+         f"**{kept:.3f}** (goal <= 0.05 s) |"),
         f"| the same, set up again each call | {not_kept:.3f} |",
         "",
     ]

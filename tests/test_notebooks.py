@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(420)
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
-NAMES = ["01_quickstart", "02_batch_size_schedules", "03_grid_search", "04_slurm"]
+NAMES = ["01_quickstart", "02_batch_size_schedules", "03_grid_search", "04_slurm", "05_image_folder"]
 
 
 def test_notebooks_are_committed_without_outputs():
@@ -132,6 +132,15 @@ def test_grid_search(tmp_path, kernel_specs, capsys, new_processes):
     assert len(tables) == 1 and tables[0].count("<tr") == 5, tables  # the header and 4 schedules
     assert "mean_test_score" in tables[0] and "GeoDamp(delay=1, factor=4, initial=16)" in tables[0]
     assert "best schedule:" in stream(nb, "stdout")
+    assert new_processes() == [], "the notebook left processes running"
+
+
+def test_image_folder(tmp_path, kernel_specs, capsys, new_processes):
+    nb, seconds = execute("05_image_folder", tmp_path, kernel_specs)
+    report(capsys, "05_image_folder", nb, seconds)
+    assert "PNG files under" in stream(nb, "stdout")
+    accuracy = re.search(r"test accuracy: ([\d.]+)", stream(nb, "stdout"))
+    assert accuracy and float(accuracy.group(1)) > 0.85, stream(nb, "stdout")
     assert new_processes() == [], "the notebook left processes running"
 
 
