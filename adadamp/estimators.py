@@ -1104,7 +1104,8 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         if labels is not None and len(labels) == len(dataset):
             return np.asarray(labels)
         start = time.perf_counter()
-        labels = loading.read_labels(client, dataset)
+        with client.as_current():  # the Dataset's targets, read chunk by chunk on the workers
+            labels = np.asarray(inputs.dataset_arrays(client, dataset)[1].compute())
         logger.info("read %d labels on the cluster in %.2f s (a Dataset with a `targets` attribute skips this)",
                     len(labels), time.perf_counter() - start)
         return labels

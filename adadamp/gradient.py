@@ -103,7 +103,7 @@ def _seeded_forward(state: _FitState, X: torch.Tensor, seed: int) -> torch.Tenso
         before = torch.default_generator.get_state() if state.forward_draws is None else None
         out = _forward(state.module, X)
         if before is not None:
-            lazy = state.loader is not None and state.loader.cache is None and state.device.type == "cpu"
+            lazy = state.loader is not None and not state.loader.cache and state.device.type == "cpu"
             draws = not torch.equal(before, torch.default_generator.get_state())
             state.forward_draws = draws or not lazy
     return out

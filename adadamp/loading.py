@@ -78,19 +78,6 @@ def read_examples(dataset, start: int, stop: int, encode=np.asarray, where: str 
     return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
 
 
-def _labels(dataset, start: int, stop: int) -> np.ndarray:
-    return read_examples(dataset, start, stop)[1]
-
-
-def read_labels(client, dataset, rows: int = 4096) -> np.ndarray:
-    """Every example's target, read on the workers of ``client`` (one pass over the Dataset)."""
-    n = len(dataset)
-    starts = range(0, n, rows)
-    (shipped,) = client.scatter([dataset], hash=False)  # pickled once, whatever the number of tasks
-    futures = client.map(_labels, [shipped] * len(starts), starts, [min(n, a + rows) for a in starts], pure=False)
-    return np.concatenate(client.gather(futures))
-
-
 class ExampleLoader:
     """Loads a worker's examples of ``dataset`` with ``threads`` threads, ahead of when they are needed.
 
@@ -103,22 +90,18 @@ class ExampleLoader:
         self.dataset = dataset
         self.seed = seed
         self.encode = encode
-        self.cache: dict[int, tuple[np.ndarray, np.ndarray]] | None = {} if cache else None
+        self.cache = bool(cache)  # the futures of the examples read are kept: they are the cache
         self.where = where
         self._pool = ThreadPoolExecutor(max_workers=max(1, int(threads)), thread_name_prefix="adadamp-load")
         self._pending: collections.OrderedDict[tuple[int, int], Future] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def _load(self, epoch: int, index: int) -> tuple[np.ndarray, np.ndarray]:
-        if self.cache is not None:
-            hit = self.cache.get(index)
-            if hit is None:
-                hit = self.cache[index] = _read(self.dataset, index, None, self.encode, self.where)
-            return hit
-        return _read(self.dataset, index, example_seed(self.seed, epoch, index), self.encode, self.where)
+        seed = None if self.cache else example_seed(self.seed, epoch, index)
+        return _read(self.dataset, index, seed, self.encode, self.where)
 
     def _future(self, epoch: int, index: int) -> Future:
-        key = (0 if self.cache is not None else epoch, index)  # cached examples are the same every epoch
+        key = (0 if self.cache else epoch, index)  # cached examples are the same every epoch
         future = self._pending.get(key)
         if future is None:
             future = self._pending[key] = self._pool.submit(self._load, epoch, index)
@@ -131,19 +114,18 @@ class ExampleLoader:
         with self._lock:
             for key in np.asarray(keys).tolist():
                 self._future(key // n, key % n)
-            while self.cache is None and len(self._pending) > MAX_PENDING:
+            while not self.cache and len(self._pending) > MAX_PENDING:
                 self._pending.popitem(last=False)[1].cancel()
 
     def load(self, epoch: int, indices, ahead=()) -> tuple[np.ndarray, np.ndarray]:
         """The examples ``indices`` of data epoch ``epoch`` as ``(X, y)``, waiting for those still
         loading; the ``ahead`` examples (keys, as :meth:`prefetch`) are queued behind them."""
         with self._lock:
-            epoch = 0 if self.cache is not None else epoch
-            keys = [(epoch, i) for i in np.asarray(indices).tolist()]
-            futures = [self._future(*k) for k in keys]
-            if self.cache is None:  # cached: the future stays, so an example is read once per worker
-                for k in keys:
-                    self._pending.pop(k, None)
+            indices = np.asarray(indices).tolist()
+            futures = [self._future(epoch, i) for i in indices]
+            if not self.cache:  # cached: the future stays, so an example is read once per worker
+                for i in indices:
+                    self._pending.pop((epoch, i), None)
         if len(ahead):
             self.prefetch(ahead)
         pairs = [f.result() for f in futures]

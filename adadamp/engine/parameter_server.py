@@ -278,14 +278,17 @@ class ParameterServer:
         for _round in range(1 + MAX_RECOMPUTES):
             if not self.workers:
                 self.members.refresh(force=True)
+            # the rank of each example named ahead (only with the first round's requests)
+            ahead_rank = None
+            if ahead is not None and _round == 0:
+                ahead_rank = self.placement.owner[self.placement.blocks_of(ahead % self.loop.n_data)]
             requests = [
-                ShareRequest(self.workers[k], dropout_seed(self.loop.seed, self.loop.n_updates, k), sub, epoch)
+                ShareRequest(
+                    self.workers[k], dropout_seed(self.loop.seed, self.loop.n_updates, k), sub, epoch,
+                    ahead=None if ahead_rank is None else ahead[ahead_rank == k],
+                )
                 for k, sub in self.placement.shares(todo, len(self.workers))
             ]
-            if ahead is not None and _round == 0:
-                rank = self.placement.owner[self.placement.blocks_of(ahead % self.loop.n_data)]
-                for r in requests:
-                    r.ahead = ahead[rank == self.workers.index(r.worker)]
             replies, send_time = self.transport.round(requests, n_chunks, self.flat_np, on_reply=add)
             summed.totals.send += send_time
             todo, lost = [], []
