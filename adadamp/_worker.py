@@ -37,12 +37,13 @@ from .channel import IDLE_TIMEOUT, ChannelServer, tcp_host
 from .gradient import share_gradient
 from .loading import ExampleLoader
 from .parameters import bind_parameters, flatten_parameters, float_buffers
+from .replica import Replica
 from .resident import ResidentData
 from .shm import attach, attach_data
 
 __all__ = ["TrainerPlugin"]
 
-HANDLERS = ("adadamp_setup", "adadamp_data", "adadamp_gradient", "adadamp_release")
+HANDLERS = ("adadamp_setup", "adadamp_data", "adadamp_gradient", "adadamp_release", "adadamp_group", "adadamp_commit")
 
 # One compute thread per worker process: gradients of concurrent fits queue
 # here instead of competing for the worker's cores.
@@ -72,6 +73,7 @@ class _FitState:
     channel: ChannelServer | None = None
     loader: ExampleLoader | None = None  # a lazy Dataset: examples are read per share, not placed
     forward_draws: bool | None = None  # whether the module's forward draws random numbers (None: not seen)
+    replica: Replica | None = None  # an all-reduce fit: this worker's optimizer and process group
 
     def __post_init__(self):
         if self.data is None:
@@ -151,18 +153,22 @@ async def _run(fn, *args):
 
 
 async def _adadamp_setup(
-    fit_id: str, payload, n_total: int, shared: dict | None = None, channel: bool = False, dataset=None
+    fit_id: str, payload, n_total: int, shared: dict | None = None, channel: bool = False, dataset=None,
+    replica: dict | None = None,
 ) -> dict:
     """Build the fit's module; map the client's shared weights and this worker's gradient if possible.
 
     With ``channel`` (and a ``tcp://`` worker) also open the fit's gradient
     channel; the reply carries its port and token.  ``dataset``: a lazy torch
     Dataset and how to load it (pickled), read here example by example.
+    ``replica`` (an all-reduce fit, whose payload also holds the optimizer): the client's
+    store address, the collective timeout, the bucket size and the update count of the
+    payload's state (:class:`~adadamp.replica.Replica`); only the training data is mapped then.
     """
     _close_fit(fit_id)
 
     def build():
-        module, criterion, device = cloudpickle.loads(payload)
+        module, criterion, device, *optimizer = cloudpickle.loads(payload)
         device = torch.device(device)
         module = module.to(device)
         module.train()
@@ -170,7 +176,12 @@ async def _adadamp_setup(
         state = _FitState(module, criterion, device, flat, grads, int(n_total), buffers=float_buffers(module))
         if dataset is not None:
             state.loader = ExampleLoader(**cloudpickle.loads(dataset), where=f"worker {_WORKER['address']}")
-        mapped = None if shared is None else attach(shared, flat.numel())
+        mapped = None if shared is None or replica is not None else attach(shared, flat.numel())
+        if replica is not None:
+            data = attach_data(shared) if shared is not None and device.type == "cpu" else None
+            if data is not None:
+                state.data.share(data["X"], data["y"])
+            state.replica = Replica(state, optimizer[0], fit_id=fit_id, **replica)
         if mapped is not None:
             weights, gradient = (torch.from_numpy(a) for a in mapped)
             if device.type == "cpu":
@@ -186,11 +197,13 @@ async def _adadamp_setup(
 
     _drop_idle_fits()
     state = await _run(build)
-    reply = {"status": "OK", "shared": state.shared, "shared_data": state.data.shared}
+    # a replica maps only the data: "shared" then says that the client need not send blocks
+    reply = {"status": "OK", "shared": state.shared or (state.replica is not None and state.data.shared),
+             "shared_data": state.data.shared}
     if channel and _WORKER["host"] is not None:
         state.channel = ChannelServer(
             _WORKER["host"],
-            lambda *request: share_gradient(state, *request),
+            lambda *request: _compute(state, *request),
             n_weights=state.flat.numel(),
             on_start=_compute_thread_start,
             max_indices=state.n_total,
@@ -208,6 +221,8 @@ def _close_fit(fit_id: str, only: _FitState | None = None) -> None:
     _FITS.pop(fit_id, None)
     if state.channel is not None:
         state.channel.close()
+    if state.replica is not None:
+        state.replica.close()
     if state.loader is not None:
         state.loader.close()
 
@@ -253,16 +268,35 @@ async def _adadamp_release(fit_id: str) -> dict:
     return {"status": "OK"}
 
 
+def _compute(state: _FitState, weights, indices, n_chunks, seed, epoch=0, ahead=None, step=None) -> dict:
+    """One request: an all-reduce replica's update, else the share's gradient sum."""
+    ahead = np.zeros(0, dtype=np.int64) if ahead is None else np.asarray(ahead)
+    if state.replica is not None:
+        return state.replica.update(np.asarray(indices), n_chunks, seed, epoch, ahead, np.asarray(step))
+    return share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead)
+
+
+async def _adadamp_group(fit_id: str, generation: int, rank: int, size: int, step=None, restore=None) -> dict:
+    """Form an all-reduce fit's next group (all members are called at once)."""
+    replica = _FITS[fit_id].replica
+    return await _run(replica.join, generation, rank, size, None if step is None else np.asarray(step), restore)
+
+
+async def _adadamp_commit(fit_id: str, step=None, state: bool = False) -> dict:
+    """Take an all-reduce fit's pending step; return the replica's state if asked."""
+    replica = _FITS[fit_id].replica
+    return await _run(replica.commit, None if step is None else np.asarray(step), state)
+
+
 async def _adadamp_gradient(
-    fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None
+    fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None, step=None
 ) -> dict:
     """The gradient as a Dask RPC (workers without a channel)."""
     state = _FITS[fit_id]
-    ahead = np.zeros(0, dtype=np.int64) if ahead is None else np.asarray(ahead)
 
     def compute():
-        r = share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead)
-        state.inline = r["compute_time"] < INLINE_SECONDS
+        r = _compute(state, weights, indices, n_chunks, seed, epoch, ahead, step)
+        state.inline = r["compute_time"] < INLINE_SECONDS and state.replica is None  # collectives block
         for key in ("grad", "buffers"):
             if r[key] is not None:
                 r[key] = to_serialize(np.array(r[key]))  # a copy: the reply is sent after we return

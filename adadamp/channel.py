@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import math
 import secrets
 import socket
 import struct
@@ -39,15 +40,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .exceptions import ShareTooSmallError
+from .exceptions import CollectiveError, ShareTooSmallError
 from .records import GradientReply
 
 # Request: number of indices (-1 closes), chunks, seed, number of weights sent (0: shared memory),
-# the data epoch of the indices, number of examples to load ahead (keys: epoch * n + index).
-REQUEST = struct.Struct("<qqqqqq")
+# the data epoch of the indices, number of examples to load ahead (keys: epoch * n + index),
+# number of float64 "step" values (an all-reduce fit's update number and pending step, else 0).
+REQUEST = struct.Struct("<qqqqqqq")
 # Reply: status (0 ok, 1 error), n, n_chunks, gradient floats, buffer floats, error bytes,
-# loss sum, chunk squared-norm sum, compute seconds, the loss's normalizer (weighted count).
-REPLY = struct.Struct("<qqqqqqdddd")
+# loss sum, chunk squared-norm sum, compute seconds, the loss's normalizer (weighted count),
+# the squared norm of the all-reduced mean gradient (NaN: not computed; the parameter server's).
+REPLY = struct.Struct("<qqqqqqddddd")
+MAX_STEP = 4096  # step values an all-reduce request may carry (two per optimizer param group)
 TOKEN_BYTES = 32  # the per-fit key
 NONCE_BYTES = 16
 MAC = hashlib.sha256
@@ -107,7 +111,7 @@ def _as_bytes(array: np.ndarray) -> memoryview:
 class ChannelServer:
     """Serves one fit's gradient requests on a worker, in a thread of its own.
 
-    ``compute(weights, indices, n_chunks, seed, epoch, ahead)`` returns the reply fields as
+    ``compute(weights, indices, n_chunks, seed, epoch, ahead, step)`` returns the reply fields as
     a dict with numpy arrays; it runs in this thread, so the worker's event
     loop (heartbeats, Dask RPCs) keeps running while a gradient is computed.
     ``on_close()`` runs once when the channel ends for any reason (the client
@@ -205,7 +209,7 @@ class ChannelServer:
         return None
 
     def _serve_one(self, conn: socket.socket) -> bool:
-        n_idx, n_chunks, seed, n_weights, epoch, n_ahead = _recv_header(conn, REQUEST)
+        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, n_step = _recv_header(conn, REQUEST)
         if n_idx < 0:
             return False
         if (
@@ -213,20 +217,25 @@ class ChannelServer:
             or not 0 <= n_ahead <= self._max_indices
             or not 0 <= n_chunks <= MAX_CHUNKS
             or n_weights not in (0, self._weights.size)
+            or not 0 <= n_step <= MAX_STEP
         ):
             raise ValueError(f"malformed request ({n_idx}+{n_ahead} indices, {n_chunks} chunks, {n_weights} weights)")
         indices = np.empty(n_idx + n_ahead, dtype=np.int64)
         recv_exactly(conn, _as_bytes(indices))
         indices, ahead = indices[:n_idx], indices[n_idx:]
+        step = None
+        if n_step:
+            step = np.empty(n_step, dtype=np.float64)
+            recv_exactly(conn, _as_bytes(step))
         weights = None
         if n_weights:
             recv_exactly(conn, _as_bytes(self._weights))
             weights = self._weights
         try:
-            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead)
+            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead, step)
         except Exception as err:  # noqa: BLE001 -- any error is the client's to raise
             message = f"{type(err).__name__}: {err}".encode(errors="replace")[:MAX_ERROR_BYTES]
-            conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0) + message)
+            conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0, 0.0) + message)
             return True
         grad, buffers = r["grad"], r["buffers"]
         header = REPLY.pack(
@@ -240,6 +249,7 @@ class ChannelServer:
             r["chunk_sq_norm_sum"],
             r["compute_time"],
             r.get("weight", r["n"]),
+            r.get("grad_sq_norm", math.nan),
         )
         send_all(conn, [header] + [_as_bytes(a) for a in (grad, buffers) if a is not None])
         return True
@@ -251,7 +261,7 @@ class WorkerError(RuntimeError):
 
 
 #: Errors a worker raises that reach the client with their own type (they name a user's fix).
-_RAISED_AS = {cls.__name__: cls for cls in (ShareTooSmallError,)}
+_RAISED_AS = {cls.__name__: cls for cls in (ShareTooSmallError, CollectiveError)}
 
 
 class Channel:
@@ -277,6 +287,7 @@ class Channel:
             raise
         self.sock.settimeout(timeout)
         self.n_weights, self.n_buffers = n_weights, n_buffers
+        self.bytes = 0  # carried both ways by the requests and replies so far
         self._grad = np.empty(n_weights, dtype=np.float32)
 
     def send(
@@ -287,24 +298,31 @@ class Channel:
         weights: np.ndarray | None,
         epoch: int = 0,
         ahead: np.ndarray | None = None,
+        step: np.ndarray | None = None,
     ) -> None:
         """Ask for the gradient over ``indices`` (send ``weights`` unless the worker maps them);
-        ``ahead``: the examples the worker may start loading for the next request."""
+        ``ahead``: the examples the worker may start loading for the next request; ``step``: an
+        all-reduce fit's update number and the step it applies first (float64)."""
         ahead = np.zeros(0, dtype=np.int64) if ahead is None else ahead
         both = np.concatenate([np.asarray(indices, dtype=np.int64), np.asarray(ahead, dtype=np.int64)])
+        step = np.zeros(0) if step is None else np.asarray(step, dtype=np.float64)
         header = REQUEST.pack(
-            len(indices), n_chunks, seed, 0 if weights is None else weights.size, epoch, len(ahead)
+            len(indices), n_chunks, seed, 0 if weights is None else weights.size, epoch, len(ahead), len(step)
         )
-        send_all(self.sock, [header, _as_bytes(both)] + ([] if weights is None else [_as_bytes(weights)]))
+        parts = [header, _as_bytes(both)] + ([_as_bytes(step)] if len(step) else [])
+        parts += [] if weights is None else [_as_bytes(weights)]
+        send_all(self.sock, parts)
+        self.bytes += sum(len(p) for p in parts)
 
     def receive(self, deadline: float) -> GradientReply:
         """The reply to the last :meth:`send`; ``TimeoutError`` after ``deadline`` (monotonic)."""
         self.sock.settimeout(max(1e-3, deadline - time.monotonic()))
-        status, n, n_chunks, n_grad, n_buffers, n_error, loss_sum, sq_sum, compute, weight = _recv_header(
+        status, n, n_chunks, n_grad, n_buffers, n_error, loss_sum, sq_sum, compute, weight, grad_sq = _recv_header(
             self.sock, REPLY
         )
         if not (0 <= n_error <= MAX_ERROR_BYTES and n_grad in (0, self.n_weights) and 0 <= n_buffers <= self.n_buffers):
             raise ConnectionError(f"malformed reply ({n_grad} gradient, {n_buffers} buffer floats, {n_error} bytes)")
+        self.bytes += REPLY.size + n_error + 4 * (n_grad + n_buffers)
         if status:
             message = bytearray(n_error)
             recv_exactly(self.sock, memoryview(message))
@@ -321,10 +339,10 @@ class Channel:
         if n_buffers:
             buffers = np.empty(n_buffers, dtype=np.float32)
             recv_exactly(self.sock, _as_bytes(buffers))
-        return GradientReply(n, loss_sum, sq_sum, n_chunks, compute, grad, buffers, weight=weight)
+        return GradientReply(n, loss_sum, sq_sum, n_chunks, compute, grad, buffers, weight=weight, grad_sq_norm=grad_sq)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0))
+            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0, 0))
         with contextlib.suppress(OSError):
             self.sock.close()

@@ -46,7 +46,7 @@ from . import callbacks as callbacks_mod
 from . import checkpoint, inference, inputs, loading, optimizer_plan, porting, routing
 from . import cluster as cl
 from .dampers import BaseDamper, Constant
-from .engine import LoopState, ParameterServer
+from .engine import AllReduce, LoopState, ParameterServer
 from .engine.data import ArrayData, DaskArrayData, DatasetData
 from .engine.loop import FitLoop
 from .engine.session import KeptBackend
@@ -58,6 +58,9 @@ from .seeding import seeded
 __all__ = ["BaseDaskEstimator", "DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
 
 logger = logging.getLogger(__name__)
+
+#: The ways of training, by the ``backend`` parameter's values.
+BACKENDS = {"parameter-server": ParameterServer, "allreduce": AllReduce}
 
 class BaseDaskEstimator(BaseEstimator):
     """Base of :class:`DaskClassifier` and :class:`DaskRegressor` (not instantiated itself).
@@ -97,6 +100,14 @@ class BaseDaskEstimator(BaseEstimator):
     device : str, default="cpu"
         Where the workers compute ("cuda" for their GPU).  The client side
         always stays on the CPU.
+    backend : {"parameter-server", "allreduce"}, default="parameter-server"
+        How the workers train (user guide, "Backends").  ``"parameter-server"``:
+        the client holds the weights, sends them each update and steps (best
+        for small models and one machine).  ``"allreduce"``: every worker holds
+        a replica of the module and optimizer, gradients are all-reduced among
+        the workers with ``torch.distributed`` (gloo; NCCL on CUDA) and the
+        client sends and receives only a few numbers per update (best for large
+        models and many workers).  Same data order, dampers and elasticity.
     client : distributed.Client or None, default=None
         The cluster to train on.  None uses the active client if there is
         one, else starts a LocalCluster for the duration of the fit.
@@ -208,6 +219,7 @@ class BaseDaskEstimator(BaseEstimator):
         warm_start: bool = False,
         random_state=None,
         device: str = "cpu",
+        backend: str = "parameter-server",
         client=None,
         grads_per_worker: int = 128,
         min_workers: int = 1,
@@ -233,6 +245,7 @@ class BaseDaskEstimator(BaseEstimator):
         self.warm_start = warm_start
         self.random_state = random_state
         self.device = device
+        self.backend = backend
         self.client = client
         self.grads_per_worker = grads_per_worker
         self.min_workers = min_workers
@@ -338,6 +351,11 @@ class BaseDaskEstimator(BaseEstimator):
             raise ValueError(
                 f"max_workers must be None or an integer >= min_workers={self.min_workers}; "
                 f"got {self.max_workers!r}."
+            )
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"backend must be one of {sorted(BACKENDS)}; got {self.backend!r}. Use 'allreduce' for large "
+                "models on many workers, 'parameter-server' (the default) otherwise."
             )
         if not isinstance(self.device, (str, torch.device)):
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda'; got {self.device!r}.")
@@ -753,7 +771,7 @@ class BaseDaskEstimator(BaseEstimator):
                 loop.run(backend, epochs, epoch_updates)
             return
         # On a cluster of the user's, partial_fit keeps the backend open for the next call on the same data.
-        key = (client, policy, str(self.device), data.token())
+        key = (client, policy, str(self.device), self.backend, data.token())
         backend = kept.claim(None if fresh else key) if kept is not None else None
         if backend is not None:
             backend.resume(module=state.module, optimizer=state.optimizer, damper=state.damper, loop=state.loop)
@@ -773,7 +791,7 @@ class BaseDaskEstimator(BaseEstimator):
             backend.__exit__(None, None, None)
 
     def _backend(self, client, policy, state: TrainingState, data) -> ParameterServer:
-        return ParameterServer(
+        return BACKENDS[self.backend](
             client,
             module=state.module,
             criterion=state.criterion,

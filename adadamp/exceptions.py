@@ -76,3 +76,17 @@ class ShareTooSmallError(ValueError):
     >>> issubclass(ShareTooSmallError, ValueError)
     True
     """
+
+
+class CollectiveError(RuntimeError):
+    """An all-reduce fit's collective failed on a worker: a peer died, hung past the collective
+    timeout, or the group was re-formed meanwhile.
+
+    The client re-forms the group without the lost workers and recomputes the update from the
+    committed state; users see it only if that keeps failing.
+
+    Examples
+    --------
+    >>> issubclass(CollectiveError, RuntimeError)
+    True
+    """

@@ -43,27 +43,12 @@ def share_gradient(
     with state.lock:
         state.last_used = time.monotonic()
         start = time.perf_counter()
-        X, y = _examples(state, indices, epoch, ahead)
+        X, y = examples(state, indices, epoch, ahead)
         if state.shared and state.device.type != "cpu":
             state.flat.copy_(state.shared_weights, non_blocking=True)
         elif not state.shared:
             state.flat.copy_(torch.from_numpy(np.asarray(weights)), non_blocking=True)
-        n = len(X)
-        state.grads.zero_()
-        out = _seeded_forward(state, X, seed)  # one forward: BatchNorm sees the share once
-        loss, weight = _loss_sum(state.criterion, out, y, n)
-        first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
-        loss.backward()  # the trained gradient: the same with or without statistics
-        sq_sum, n_stat_chunks = 0.0, 0
-        if n_chunks > 1:  # AdaScale's statistics (algorithms.md §2.3): every share is a chunk
-            whole = state.grads.double()
-            if first is None:  # a one-example share: one chunk
-                sq_sum, n_stat_chunks = float(whole.square().sum()) / n, 1
-            else:
-                m = n // 2
-                sq_sum = float(first.square().sum()) / m + float((whole - first).square().sum()) / (n - m)
-                n_stat_chunks = 2
-        loss_sum = float(loss.detach())
+        n, weight, loss_sum, sq_sum, n_stat_chunks = gradient_sum(state, X, y, n_chunks, seed)
         if state.shared:
             if state.device.type != "cpu":
                 state.shared_gradient.copy_(state.grads)
@@ -80,6 +65,33 @@ def share_gradient(
             "n_chunks": n_stat_chunks,
             "compute_time": time.perf_counter() - start,
         }
+
+
+def gradient_sum(state: _FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, seed: int) -> tuple:
+    """Accumulate the gradient SUM over ``X, y`` into ``state.grads`` (zeroed first).
+
+    Returns ``(n, weight, loss_sum, chunk_sq_norm_sum, n_chunks)``: with ``n_chunks > 1`` the
+    share is two chunks and the sum of their squared gradient norms (per example) is what
+    AdaScale's estimator needs (algorithms.md §2.3).  An empty share leaves a zero gradient.
+    """
+    n = len(X)
+    state.grads.zero_()
+    if n == 0:
+        return 0, 0.0, 0.0, 0.0, 0
+    out = _seeded_forward(state, X, seed)  # one forward: BatchNorm sees the share once
+    loss, weight = _loss_sum(state.criterion, out, y, n)
+    first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
+    loss.backward()  # the trained gradient: the same with or without statistics
+    sq_sum, n_stat_chunks = 0.0, 0
+    if n_chunks > 1:  # AdaScale's statistics (algorithms.md §2.3): every share is a chunk
+        whole = state.grads.double()
+        if first is None:  # a one-example share: one chunk
+            sq_sum, n_stat_chunks = float(whole.square().sum()) / n, 1
+        else:
+            m = n // 2
+            sq_sum = float(first.square().sum()) / m + float((whole - first).square().sum()) / (n - m)
+            n_stat_chunks = 2
+    return n, weight, float(loss.detach()), sq_sum, n_stat_chunks
 
 
 def _seeded_forward(state: _FitState, X: torch.Tensor, seed: int) -> torch.Tensor:
@@ -109,7 +121,7 @@ def _seeded_forward(state: _FitState, X: torch.Tensor, seed: int) -> torch.Tenso
     return out
 
 
-def _examples(state: _FitState, indices, epoch: int, ahead) -> tuple[torch.Tensor, torch.Tensor]:
+def examples(state: _FitState, indices, epoch: int, ahead) -> tuple[torch.Tensor, torch.Tensor]:
     """The share's inputs and targets on the fit's device."""
     if state.loader is not None:
         X, y = state.loader.load(epoch, indices, ahead)

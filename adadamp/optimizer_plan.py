@@ -23,11 +23,12 @@ batch jump continuous, as Lin et al. 2019 App. B.4 does for SGD.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
 
-__all__ = ["apply_plan", "check_supported"]
+__all__ = ["apply_plan", "apply_settings", "check_supported", "group_settings"]
 
 
 def _family(defaults: dict) -> str | None:
@@ -72,15 +73,14 @@ def check_supported(optimizer: torch.optim.Optimizer, damper) -> None:
             )
 
 
-def apply_plan(optimizer: torch.optim.Optimizer, plan) -> float:
-    """Set the param groups' learning rate and momentum and scale the buffers; returns the first group's lr."""
+def apply_plan(optimizer: torch.optim.Optimizer, plan, scale_buffers: bool = True) -> float:
+    """Set the param groups' learning rate and momentum and scale the buffers; returns the first group's lr.
+
+    ``scale_buffers=False``: leave the buffers (an all-reduce fit's replicas scale their own).
+    """
     adam = _family(optimizer.defaults) == "adam"
-    if plan.momentum_buffer_scale != 1.0:
-        key = "exp_avg" if adam else "momentum_buffer"
-        for st in optimizer.state.values():
-            buf = st.get(key)
-            if buf is not None:
-                buf.mul_(plan.momentum_buffer_scale)
+    if scale_buffers:
+        _scale_buffers(optimizer, plan.momentum_buffer_scale)
     for group in optimizer.param_groups:
         group["lr"] = group.get("adadamp_scheduled_lr", group["adadamp_base_lr"]) * plan.lr_factor
         if plan.momentum is not None:
@@ -89,6 +89,45 @@ def apply_plan(optimizer: torch.optim.Optimizer, plan) -> float:
             elif "momentum" in group:
                 group["momentum"] = plan.momentum
     return float(optimizer.param_groups[0]["lr"])
+
+
+def group_settings(optimizer: torch.optim.Optimizer) -> list[float]:
+    """Each param group's learning rate and momentum (Adam's ``beta1``; NaN: none), flat.
+
+    What an all-reduce fit's replicas need to take the step the client planned: the client
+    applies the plan (and any learning-rate schedule) to its own optimizer and sends these.
+    """
+    adam = _family(optimizer.defaults) == "adam"
+    out = []
+    for group in optimizer.param_groups:
+        momentum = group["betas"][0] if adam else group.get("momentum", float("nan"))
+        out += [float(group["lr"]), float(momentum)]
+    return out
+
+
+def apply_settings(optimizer: torch.optim.Optimizer, settings, momentum_buffer_scale: float) -> None:
+    """Set what :func:`group_settings` read on another copy of the optimizer, and scale its
+    momentum buffers as the plan did (a replica's side of :func:`apply_plan`)."""
+    adam = _family(optimizer.defaults) == "adam"
+    _scale_buffers(optimizer, momentum_buffer_scale)
+    for group, lr, momentum in zip(optimizer.param_groups, settings[0::2], settings[1::2]):
+        group["lr"] = float(lr)
+        if not math.isnan(momentum):
+            if adam:
+                group["betas"] = (float(momentum), group["betas"][1])
+            elif "momentum" in group:
+                group["momentum"] = float(momentum)
+
+
+def _scale_buffers(optimizer: torch.optim.Optimizer, scale: float) -> None:
+    """Velocity compensation: scale SGD's momentum buffers or Adam's first moments."""
+    if scale == 1.0:
+        return
+    key = "exp_avg" if _family(optimizer.defaults) == "adam" else "momentum_buffer"
+    for st in optimizer.state.values():
+        buf = st.get(key)
+        if buf is not None:
+            buf.mul_(scale)
 
 
 def _warn(message: str) -> None:

@@ -27,6 +27,7 @@ class GradientReply:
     grad: np.ndarray | None  # None: the worker wrote it into shared memory
     buffers: np.ndarray | None
     weight: float = 0.0  # what the loss sum is normalized by: the examples, or their class weights
+    grad_sq_norm: float = float("nan")  # all-reduce fits: the squared norm of the batch's mean gradient
 
 
 @dataclass
@@ -36,7 +37,9 @@ class ShareRequest:
 
     ``epoch`` is the data epoch the examples are drawn in (a batch never straddles two): with
     the fit's seed and each example's index it seeds that example's random transforms.  The
-    ``ahead`` examples are keys ``data_epoch * n_examples + index``.
+    ``ahead`` examples are keys ``data_epoch * n_examples + index``.  ``step`` (all-reduce fits)
+    is the update number and the optimizer step the worker applies before computing
+    (:mod:`adadamp.replica`).
     """
 
     worker: str
@@ -44,6 +47,7 @@ class ShareRequest:
     indices: np.ndarray
     epoch: int = 0
     ahead: np.ndarray | None = None
+    step: np.ndarray | None = None
 
 
 @dataclass
@@ -53,6 +57,8 @@ class UpdateRecord:
     ``compute_time`` is the slowest worker's gradient, ``comm_time`` the round trip minus that,
     ``send_time`` the client writing the requests, ``aggregate_time`` averaging, the finite check
     and the damper's plan, ``step_time`` the optimizer step, ``update_time`` the whole update.
+    ``client_bytes`` is what the client's connections to the workers carried for the update's
+    round, both ways (the data plane; not Dask's control messages).
     """
 
     batch_size: int
@@ -65,6 +71,7 @@ class UpdateRecord:
     aggregate_time: float
     step_time: float
     update_time: float
+    client_bytes: int = 0
 
     def row(self) -> dict:
         """The record as a row of ``history_[i]["updates"]`` (a shallow dict: every field is a number)."""

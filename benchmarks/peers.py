@@ -162,7 +162,12 @@ def breakdown(history: list[dict]) -> dict:
     return out
 
 
-def run_adadamp(wl: Workload, X, y) -> dict:
+def run_allreduce(wl: Workload, X, y) -> dict:
+    """adadamp with ``backend="allreduce"``: replicas on the two workers, gloo all-reduce."""
+    return run_adadamp(wl, X, y, backend="allreduce")
+
+
+def run_adadamp(wl: Workload, X, y, backend: str = "parameter-server") -> dict:
     from adadamp import DaskClassifier
 
     torch.set_num_threads(1)  # the client only aggregates and steps
@@ -178,6 +183,7 @@ def run_adadamp(wl: Workload, X, y) -> dict:
             max_epochs=wl.epochs,
             random_state=0,
             client=client,
+            backend=backend,
         )
         start = time.perf_counter()
         est.fit(X, y)
@@ -192,6 +198,7 @@ def run_adadamp(wl: Workload, X, y) -> dict:
         "n_updates": est.loop_.n_updates,
         "module": est.module_,
         "breakdown": breakdown(est.history_),
+        "client_bytes": statistics.median(u["client_bytes"] for row in est.history_ for u in row["updates"]),
     }
 
 

@@ -1,4 +1,4 @@
-"""Run the throughput benchmarks: plain PyTorch, DDP, skorch and adadamp on W1-W3, plus the floor.
+"""Run the throughput benchmarks: plain PyTorch, DDP, skorch and adadamp (both backends) on W1-W3, plus the floor.
 
     python -m benchmarks.run                      # everything, 3 repeats (a few minutes)
     python -m benchmarks.run --quick              # tiny sizes, 1 repeat (smoke test)
@@ -28,7 +28,7 @@ import torch
 from . import peers
 from .workloads import WORKLOADS, full_loss
 
-PEERS = ("plain", "ddp", "skorch", "adadamp", "floor")
+PEERS = ("plain", "ddp", "skorch", "adadamp", "allreduce", "floor")
 HERE = Path(__file__).resolve().parent
 
 
@@ -134,6 +134,8 @@ def tables(records: list[dict], quick: bool) -> str:
         s = {k: med(rows, k) for k in ("samples_per_s", "updates_per_s", "final_loss", "train_s")}
         s["peak_rss_mb"] = max(r["peak_rss_mb"] for r in rows)
         s["n"] = len(rows)
+        if all("client_bytes" in r for r in rows):
+            s["client_bytes"] = med(rows, "client_bytes")
         if peer == "adadamp":
             s["setup_s"] = med(rows, "setup_s")
             s["bd"] = {k: statistics.median(r["breakdown"][k] for r in rows) for k in rows[0]["breakdown"]}
@@ -157,7 +159,7 @@ def tables(records: list[dict], quick: bool) -> str:
     ]
     for name in names:
         base = summary.get((name, "plain"))
-        for peer in PEERS[:4]:
+        for peer in PEERS[:5]:
             s = summary.get((name, peer))
             if s is None:
                 continue
@@ -231,6 +233,16 @@ def bars(summary: dict, floors: dict):
     if a and b:
         rel = a["final_loss"] / b["final_loss"] - 1
         yield "W1: final loss within 1% of plain", f"{100 * rel:+.2f}%", abs(rel) <= 0.01
+    for name in ("W1", "W2", "W3"):  # the all-reduce backend (issue 16)
+        ar, ddp, ps = (summary.get((name, p)) for p in ("allreduce", "ddp", "adadamp"))
+        if ar and ddp:
+            ratio = ar["samples_per_s"] / ddp["samples_per_s"]
+            yield f"{name}: allreduce samples/s >= 1x ddp", f"{ratio:.2f}x", ratio >= 1.0
+        if ar and ps:
+            rel = ar["final_loss"] / ps["final_loss"] - 1
+            yield f"{name}: allreduce final loss within 0.1% of the parameter server", f"{100 * rel:+.3f}%", abs(rel) <= 1e-3
+        if ar and "client_bytes" in ar:
+            yield f"{name}: allreduce client bytes per update < 4 KB", f"{ar['client_bytes']:,.0f}", ar["client_bytes"] < 4096
 
 
 def main(argv=None) -> None:

@@ -309,10 +309,44 @@ def main() -> str:
     w("  with a ring all-reduce extra workers are almost free, so 16k comes out slightly faster; the")
     w("  gap is under 1% either way and counts as a tie above.")
     w("")
+    measured_column(traces, tpe, ours, w)
     w(f"Networks: centralized = {central}; moderate = {MODERATE}; high = {HIGH}.")
     text = "\n".join(lines) + "\n"
     (Path(__file__).resolve().parent / "simulate_table2.md").write_text(text)
     return text
+
+
+CALIBRATION = ROOT / "benchmarks" / "allreduce-calibration.json"
+
+
+def measured_column(traces: dict[str, UpdateTrace], tpe: float, ours: dict, w) -> None:
+    """The decentralized-moderate column with adadamp's all-reduce backend's overheads, measured.
+
+    ``benchmarks/allreduce-calibration.json`` (``python -m benchmarks.allreduce --part calibration``)
+    holds the overheads fitted to real runs of the backend; they are added to the ideal ring.
+    """
+    import json
+
+    if not CALIBRATION.exists():
+        w("(No measured column: run `python -m benchmarks.allreduce --part calibration` first.)")
+        w("")
+        return
+    cal = json.loads(CALIBRATION.read_text())
+    net = replace(MODERATE, overhead_per_update=cal["overhead_per_update"],
+                  overhead_per_worker=cal["overhead_per_worker"])
+    w("## Measured column: adadamp's all-reduce backend")
+    w("")
+    w("The decentralized-moderate ring plus the per-update overheads of `backend=\"allreduce\"` measured on")
+    w(f"this machine (`benchmarks/allreduce.md`: {cal['overhead_per_update'] * 1e3:.2f} ms per update +"
+      f" {cal['overhead_per_worker'] * 1e3:.2f} ms per worker, fitted with `adadamp.simulate.calibrate` to a")
+    w("real run at 2 workers): what the implementation adds to the ideal ring (the client's request and reply")
+    w("each update, the all-reduce the backward pass does not hide). Minutes:")
+    w("")
+    w("| Max batch | Ideal ring (ours) | adadamp all-reduce (measured overheads) | Paper decentralized-moderate |")
+    w("|---|---|---|---|")
+    for label, tr in traces.items():
+        w(f"| {label} | {ours[label][1]:.1f} | {minutes(tr, tpe, net):.1f} | {TABLE2[label][1]:.1f} |")
+    w("")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import doctest
 import importlib
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -380,9 +381,28 @@ def test_calibrate_defaults_fold_communication_into_overhead():
     with pytest.raises(ValueError, match="two or more"):
         calibrate(_history(tr), per_worker=True)
     with pytest.raises(TypeError):
-        calibrate(_history(tr), network=MODERATE)
+        calibrate(_history(tr), network="54 Gb/s")
     with pytest.raises(ValueError, match="method"):
         calibrate(_history(tr), method="max")
+
+
+def test_calibrate_fits_the_all_reduce_backends_overheads():
+    """An all-reduce run: the ring's bandwidth and latency terms are subtracted, the request round
+    trip and the exposed all-reduce are the fitted overheads, and another schedule is predicted."""
+    ring = RingAllReduce(bandwidth=1e8, latency=1e-4)
+    true = replace(ring, overhead_per_update=0.003, overhead_per_worker=0.0005)
+    tr = _small()
+    k = -(-tr.batch_sizes // tr.n_workers)
+    comp = TRUE["tpe"] * k
+    wall = comp + true.comm_time(tr.n_workers, N_SMALL * 4)
+    cal = calibrate(UpdateTrace(tr.batch_sizes, tr.n_workers, tr.epochs, comp, wall), network=ring, n_params=N_SMALL)
+    assert isinstance(cal.network, RingAllReduce)
+    assert cal.network.overhead_per_update == pytest.approx(0.003, rel=1e-6)
+    assert cal.network.overhead_per_worker == pytest.approx(0.0005, rel=1e-6)
+    other = _small(initial=200, factor=1)
+    k2 = -(-other.batch_sizes // other.n_workers)
+    truth = float((TRUE["tpe"] * k2 + true.comm_time(other.n_workers, N_SMALL * 4)).sum())
+    assert cal.predict(other) == pytest.approx(truth, rel=1e-6)
 
 
 def test_calibration_predicts_other_networks():

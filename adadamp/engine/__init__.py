@@ -20,6 +20,9 @@
     what the fit loop needs from a way of training (the :class:`Backend` protocol).
 ``parameter_server``
     the first backend: one synchronous update at a time, the client steps.
+``allreduce``
+    the decentralized backend: replicas on the workers all-reduce and step in lockstep
+    (:mod:`adadamp.replica` is their side).
 ``loop``
     the fit loop: epochs, the callbacks' hooks, validation loss, checkpoints.
 
@@ -29,8 +32,9 @@ The batch size, learning-rate factor and momentum of each update come from the d
 This package talks to Dask and PyTorch; it knows nothing about scikit-learn.
 """
 
+from .allreduce import AllReduce
 from .backend import Backend
 from .parameter_server import ParameterServer
 from .sampler import LoopState, Sampler
 
-__all__ = ["Backend", "LoopState", "ParameterServer", "Sampler"]
+__all__ = ["AllReduce", "Backend", "LoopState", "ParameterServer", "Sampler"]

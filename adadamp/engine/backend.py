@@ -1,7 +1,8 @@
 """What the fit loop needs from a backend: the one interface every way of training implements.
 
 The parameter server (:class:`~adadamp.engine.ParameterServer`: the client holds the weights and
-steps) is the first implementation; a decentralized all-reduce among the workers is the next.  A
+steps) and the all-reduce backend (:class:`~adadamp.engine.AllReduce`: replicas on the workers
+step in lockstep) implement it.  A
 backend is built for one ``fit`` call from the training state, the data and the cluster policy,
 acquires its workers on ``__enter__`` and releases everything on ``__exit__``, whatever happened.
 """
@@ -28,6 +29,12 @@ class Backend(Protocol):
 
     def __exit__(self, *exc) -> None:
         """Release everything acquired."""
+
+    def sync(self) -> None:
+        """Bring the client's module and optimizer up to date (a checkpoint mid-epoch is next).
+
+        The parameter server's always are; the all-reduce backend's replicas hold the
+        weights, and ``run_epoch`` returns with the client's copy up to date."""
 
     def run_epoch(self, updates: list[dict] | None = None, on_update: Callable[[list[dict]], None] | None = None) -> dict:
         """Model updates until the epoch clock passes the next whole epoch; returns the epoch's row.

@@ -51,6 +51,7 @@ class FitLoop:
     def _on_update(self, updates: list[dict]) -> None:
         every = self.checkpoint_every
         if self.checkpoint is not None and every and self.state.loop.n_updates % every == 0:
+            self._backend.sync()
             checkpoint_mod.save(self.checkpoint, self.state, updates)
         self._publisher.update(self.state.loop.n_updates, updates[-1])
         self.call("on_update_end", record=updates[-1])
@@ -59,6 +60,7 @@ class FitLoop:
         """``epoch_updates``: the records of the current epoch's earlier updates (resuming mid-epoch)."""
         s = self.state
         last_epoch = math.floor(s.loop.epoch + 1e-9) + epochs  # where this call ends on the epoch clock
+        self._backend = backend
         self._publisher = dashboard.Publisher(
             backend.client, type(self.estimator).__name__,
             dashboard.short_params(self.estimator.get_params(deep=False)), s.loop.n_data, last_epoch,

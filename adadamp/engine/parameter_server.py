@@ -40,7 +40,7 @@ from .. import cluster as cl
 from .. import shm
 from .._worker import TrainerPlugin
 from ..channel import tcp_host
-from ..dampers import BaseDamper, GradStats
+from ..dampers import BaseDamper, GradStats, TrainState
 from ..exceptions import ConvergenceError, NoWorkersError
 from ..optimizer_plan import apply_plan
 from ..parameters import bind_parameters, flatten_parameters, float_buffers, trainable
@@ -62,6 +62,19 @@ PREFETCH_BATCHES = 2
 #: Rounds in a row in which some share of one update is lost before the update is given up: each
 #: round drops the lost workers, so this many means the workers keep dying as fast as they come.
 MAX_RECOMPUTES = 10
+
+
+@dataclasses.dataclass
+class Batch:
+    """One update's batch: what the damper saw, the examples, their data epoch, the examples
+    to load ahead (lazy Datasets), and the statistics the damper needs."""
+
+    state: TrainState
+    idx: np.ndarray
+    epoch: int
+    ahead: np.ndarray | None
+    need: str | None
+    n_chunks: int
 
 
 def _mark_base_lr(optimizer: torch.optim.Optimizer) -> None:
@@ -134,7 +147,7 @@ class ParameterServer:
 
     def _acquire(self, stack: contextlib.ExitStack) -> None:
         """Each resource is registered for release as soon as it is held (last in, first out)."""
-        self._payload = cloudpickle.dumps((self.module, self.criterion, self.device))
+        self._payload = self._module_payload()
         if isinstance(self.data, DatasetData):
             self._dataset_payload = self.data.payload(self.loop.seed)
         n_weights = sum(p.numel() for p in trainable(self.module))
@@ -167,6 +180,10 @@ class ParameterServer:
         stack.callback(lambda: self._suspended.close())
         self._single_threaded(self._suspended)
         self._size_cluster()
+
+    def _module_payload(self) -> bytes:
+        """What a worker's set-up builds its module from."""
+        return cloudpickle.dumps((self.module, self.criterion, self.device))
 
     def _bind(self) -> None:
         """Make the module's parameters views of the fit's flat buffers (in shared memory when the
@@ -309,9 +326,9 @@ class ParameterServer:
             f"update {self.loop.n_updates} lost a share in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
         )
 
-    def update(self) -> dict:
-        """One model update; returns its record for the history."""
-        t_start = time.perf_counter()
+    def _next_batch(self) -> Batch:
+        """Look at the workers, ask the damper for the batch size (and size the cluster for it),
+        and draw the batch's examples."""
         self.members.refresh()
         state = self.loop.train_state(len(self.workers))
         batch_size = int(self.damper.next_batch_size(state))
@@ -326,9 +343,30 @@ class ParameterServer:
         if isinstance(self.data, DatasetData):  # the next batches, if they are as large: loaded meanwhile
             ahead = self.sampler.peek(batch_size, PREFETCH_BATCHES)[: self.loop.n_data]
         need = self.damper.stats_level()
-        n_chunks = 2 if need == "chunks" else 1  # "norm" is computed here, from the summed gradient
+        n_chunks = 2 if need == "chunks" else 1  # "norm" is computed from the summed gradient
+        return Batch(state, idx, epoch, ahead, need, n_chunks)
+
+    def _diverged(self, loss: float, batch_size: int) -> ConvergenceError:
+        return ConvergenceError(
+            f"Non-finite training loss ({loss}) at model update {self.loop.n_updates} with batch "
+            f"size {batch_size}. The estimator keeps the last finite weights; lower the learning "
+            "rate (optimizer__lr) or the batch-size growth."
+        )
+
+    def _advance(self, n: int, plan, loss: float) -> None:
+        """Move the training clock past one update of ``n`` examples."""
+        lp = self.loop
+        lp.n_updates += 1
+        lp.n_samples_seen += int(n)
+        lp.progress += float(n if plan.progress is None else plan.progress)
+        lp.last_loss = loss
+
+    def update(self) -> dict:
+        """One model update; returns its record for the history."""
+        t_start = time.perf_counter()
+        batch = self._next_batch()
         t_sent = time.perf_counter()
-        total = self._gradients(idx, n_chunks, epoch, ahead)
+        total = self._gradients(batch.idx, batch.n_chunks, batch.epoch, batch.ahead)
         t_back = time.perf_counter()
 
         n = total.n
@@ -340,13 +378,9 @@ class ParameterServer:
             self.grads_np *= 1.0 / weight
         if not math.isfinite(loss) or not np.isfinite(self.grads_np).all():
             self.flat.copy_(self._backups[1 - self._current])
-            raise ConvergenceError(
-                f"Non-finite training loss ({loss}) at model update {self.loop.n_updates} with batch "
-                f"size {len(idx)}. The estimator keeps the last finite weights; lower the learning "
-                "rate (optimizer__lr) or the batch-size growth."
-            )
+            raise self._diverged(loss, len(batch.idx))
         stats = None
-        if need is not None:
+        if batch.need is not None:
             g64 = self.grads_np.astype(np.float64)
             if weight != n:  # the statistics are per example: the mean of the workers' sums
                 g64 *= weight / n
@@ -356,7 +390,7 @@ class ParameterServer:
                 chunk_sq_norm_sum=float(total.chunk_sq_norm_sum),
                 n_chunks=int(total.n_chunks),
             )
-        plan = self.damper.plan_update(state, int(n), stats)
+        plan = self.damper.plan_update(batch.state, int(n), stats)
         t_agg = time.perf_counter()
 
         self._current = 1 - self._current
@@ -364,11 +398,11 @@ class ParameterServer:
         self.optimizer.step()
         t_step = time.perf_counter()
 
-        lp = self.loop
-        lp.n_updates += 1
-        lp.n_samples_seen += int(n)
-        lp.progress += float(n if plan.progress is None else plan.progress)
-        lp.last_loss = loss
+        self._advance(n, plan, loss)
+        return self._record(n, lr, loss, total, t_start, t_sent, t_back, t_agg, t_step)
+
+    def _record(self, n, lr, loss, total: Totals, t_start, t_sent, t_back, t_agg, t_step) -> dict:
+        """The update's row of ``history_`` from its clock readings."""
         round_trip = t_back - t_sent
         return UpdateRecord(
             batch_size=int(n),
@@ -381,7 +415,11 @@ class ParameterServer:
             aggregate_time=t_agg - t_back,
             step_time=t_step - t_agg,
             update_time=t_step - t_start,
+            client_bytes=self.transport.round_bytes,
         ).row()
+
+    def sync(self) -> None:
+        """Bring the client's module and optimizer up to date: they always are here (the client steps)."""
 
     def _set_buffers(self, values: np.ndarray) -> None:
         """The module's BatchNorm-style statistics: the workers' example-weighted mean (algorithms.md P17)."""

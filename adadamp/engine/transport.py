@@ -20,6 +20,7 @@ from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
 from ..channel import Channel, WorkerError, tcp_host
+from ..exceptions import CollectiveError
 from ..records import GradientReply, ShareRequest
 from ..shm import SharedBuffers
 
@@ -52,6 +53,7 @@ class Transport:
         self.n_weights = n_weights  # floats in the weights and in a gradient
         self.n_buffers = n_buffers  # floats in the module's running statistics (BatchNorm)
         self.channels: dict[str, Channel] = {}
+        self.round_bytes = 0  # what the last round's requests and replies carried (see UpdateRecord)
 
     # ------------------------------------------------------------------ RPCs
     def call_all(self, calls: list[tuple[str, str, dict]], timeout: float | None = None) -> list:
@@ -108,7 +110,7 @@ class Transport:
 
     # ------------------------------------------------------------------ one round
     def round(
-        self, requests: list[ShareRequest], n_chunks: int, weights: np.ndarray, on_reply
+        self, requests: list[ShareRequest], n_chunks: int, weights: np.ndarray | None, on_reply
     ) -> tuple[list, float]:
         """Send every worker its share, then collect the replies in request order.
 
@@ -119,37 +121,44 @@ class Transport:
         for each good reply, in request order, as soon as that reply is in.
         """
         replies: list = [None] * len(requests)
+        before = sum(c.bytes for c in self.channels.values())
+        rpc_bytes = 0
         start = time.perf_counter()
         deadline = time.monotonic() + self.timeout
         sent, rpc_calls, rpc_slots = set(), [], []
         for i, r in enumerate(requests):
-            payload = None if self.maps_weights(r.worker) else weights
+            payload = None if weights is None or self.maps_weights(r.worker) else weights
             channel = self.channels.get(r.worker)
             if channel is None:
                 kwargs = {
                     "fit_id": self.fit_id, "indices": to_serialize(r.indices), "n_chunks": n_chunks, "seed": r.seed,
                     "epoch": r.epoch, "ahead": None if r.ahead is None else to_serialize(r.ahead),
+                    "step": None if r.step is None else to_serialize(r.step),
                 }
                 kwargs["weights"] = None if payload is None else to_serialize(payload)
+                rpc_bytes += sum(a.nbytes for a in (r.indices, r.ahead, r.step, payload) if a is not None)
                 rpc_calls.append((r.worker, "adadamp_gradient", kwargs))
                 rpc_slots.append(i)
                 continue
             try:
-                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead)
+                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step)
                 sent.add(i)
             except OSError as err:
                 replies[i] = err
         send_time = time.perf_counter() - start
         for i, r in zip(rpc_slots, self.call_all(rpc_calls)):
             replies[i] = GradientReply(**r) if isinstance(r, dict) else r
+            if isinstance(r, dict):
+                rpc_bytes += sum(np.asarray(r[k]).nbytes for k in ("grad", "buffers") if r[k] is not None)
         for i, r in enumerate(requests):
             if i in sent:
                 try:
                     replies[i] = self.channels[r.worker].receive(deadline)
-                except (WorkerError, *LOST) as err:
+                except (WorkerError, CollectiveError, *LOST) as err:
                     replies[i] = err
             if isinstance(replies[i], GradientReply):
                 on_reply(r.worker, replies[i])
+        self.round_bytes = rpc_bytes + sum(c.bytes for c in self.channels.values()) - before
         return replies, send_time
 
     def close(self) -> None:

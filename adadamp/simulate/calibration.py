@@ -11,7 +11,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from .network import Centralized, Network
+from .network import Centralized, Network, RingAllReduce
 from .timing import predict_time
 from .trace import UpdateTrace, from_history
 
@@ -24,7 +24,7 @@ class Calibration:
     ----------
     time_per_example : float
         Seconds of gradient computation per example on one worker.
-    network : Centralized
+    network : Centralized or RingAllReduce
         The network given to :func:`calibrate` with the fitted
         ``overhead_per_update`` and ``overhead_per_worker``.
     n_params : int, default 0
@@ -48,7 +48,7 @@ class Calibration:
     """
 
     time_per_example: float
-    network: Centralized
+    network: Network
     n_params: int = 0
     bytes_per_param: int = 4
     time_per_epoch: float = 0.0
@@ -118,13 +118,17 @@ def _grouped_fit(y: NDArray[np.float64], x: NDArray[np.float64], method: str) ->
 def calibrate(
     history: UpdateTrace | Sequence[Mapping[str, Any]] | Any,
     *,
-    network: Centralized | None = None,
+    network: Network | None = None,
     n_params: int = 0,
     bytes_per_param: int = 4,
     method: Literal["mean", "median"] = "mean",
     per_worker: bool | None = None,
 ) -> Calibration:
-    """Fit the compute rate and the centralized overheads to a measured run.
+    """Fit the compute rate and the network's overheads to a measured run.
+
+    The parameter server's run is fitted with a :class:`Centralized` network (the default), the
+    all-reduce backend's with a :class:`RingAllReduce` one (its per-update request and the part of
+    the all-reduce the backward pass does not hide become the overheads).
 
     Steps (``k_i = ceil(B_i / P_i)``; ``c_i``, ``u_i`` = measured compute and
     update seconds):
@@ -161,7 +165,7 @@ def calibrate(
     ----------
     history : UpdateTrace, list of dict, or object with ``history_``
         A measured run (see :func:`from_history` for the keys).
-    network : Centralized, optional
+    network : Centralized or RingAllReduce, optional
         Link bandwidth and latency to subtract before fitting the overheads.
         Default: ``Centralized(bandwidth=math.inf)``, i.e. all communication
         is folded into the fitted overheads (right for a single-machine
@@ -207,8 +211,8 @@ def calibrate(
     if trace.n_updates == 0:
         raise ValueError("calibrate needs at least one update.")
     base = Centralized(bandwidth=math.inf) if network is None else network
-    if not isinstance(base, Centralized):
-        raise TypeError("calibrate fits the centralized overheads; pass a Centralized network.")
+    if not isinstance(base, Centralized | RingAllReduce):
+        raise TypeError("calibrate fits a network's overheads; pass a Centralized or RingAllReduce network.")
     bare = replace(base, overhead_per_update=0.0, overhead_per_worker=0.0)
 
     b, p = trace.batch_sizes, trace.n_workers

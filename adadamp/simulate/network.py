@@ -145,8 +145,15 @@ class RingAllReduce:
         2 (P - 1) / P * M / bandwidth + 2 (P - 1) * latency
 
     so a single worker communicates nothing.  There is no broadcast of the
-    model and no central overhead (the paper: decentralized communication
-    eliminates items 1 and 4 and mitigates 3).
+    model and no central overhead in the paper's model (decentralized
+    communication eliminates items 1 and 4 and mitigates 3).  A real
+    implementation still pays a little per update: adadamp's all-reduce
+    backend sends every worker a request and waits for its scalars (the
+    plan of the next step), and what the backward pass does not hide of the
+    all-reduce; ``overhead_per_update`` and ``overhead_per_worker`` hold that
+    (fitted by :func:`~adadamp.simulate.calibrate` to a real run of it)::
+
+        ... + overhead_per_update + P * overhead_per_worker
 
     Parameters
     ----------
@@ -154,6 +161,10 @@ class RingAllReduce:
         Bytes per second of each inter-worker link.
     latency : float, default 0
         One-way latency of one ring step, in seconds.
+    overhead_per_update : float, default 0
+        Fixed seconds per update outside the ring (the client's round trip).
+    overhead_per_worker : float, default 0
+        Seconds per worker per update beyond the ring's terms.
 
     Examples
     --------
@@ -164,13 +175,17 @@ class RingAllReduce:
 
     bandwidth: float
     latency: float = 0.0
+    overhead_per_update: float = 0.0
+    overhead_per_worker: float = 0.0
 
     def __post_init__(self) -> None:
         _check_bandwidth(self.bandwidth)
         _check_nonneg(self.latency, "latency")
+        _check_nonneg(self.overhead_per_update, "overhead_per_update")
+        _check_nonneg(self.overhead_per_worker, "overhead_per_worker")
 
     def comm_time(self, n_workers: ArrayLike, n_bytes: float) -> NDArray[np.float64]:
-        """Seconds of one update spent in the all-reduce.
+        """Seconds of one update spent in the all-reduce (and the overheads).
 
         Parameters
         ----------
@@ -190,7 +205,8 @@ class RingAllReduce:
         [0.0, 0.5]
         """
         p = _as_counts(n_workers, "n_workers").astype(np.float64)
-        return 2.0 * (p - 1.0) / p * float(n_bytes) / self.bandwidth + 2.0 * (p - 1.0) * self.latency
+        ring = 2.0 * (p - 1.0) / p * float(n_bytes) / self.bandwidth + 2.0 * (p - 1.0) * self.latency
+        return ring + self.overhead_per_update + p * self.overhead_per_worker
 
 
 Network = Centralized | RingAllReduce

@@ -1,0 +1,366 @@
+"""The all-reduce backend: replicas of the module and optimizer on the workers step in lockstep.
+
+Each update (the parameter server's steps 1-2 are the same: the damper names the batch size,
+the sampler draws the indices from the same seeded permutation, placement routes them):
+
+3. every member gets one small request: the update number, its indices and the step it still
+   owes (the learning rate and momentum per param group and the momentum-buffer scale of the
+   last update's plan, :mod:`adadamp.replica`);
+4. the members take that step, compute their gradient sums, all-reduce them (in buckets during
+   the backward pass) with the example counts, the loss and the damper's statistics, and keep
+   the batch's mean gradient pending; each replies with a few scalars (under 200 bytes);
+5. the client's damper plans the step from those statistics; the next request carries it.
+
+The client holds no weights during an epoch: its module is brought up to date (the pending step
+taken, rank 0's state fetched) at the end of every epoch, for a checkpoint, and when the fit
+ends.  That state is also the *commit* a group falls back to when no replica is left.
+
+Membership (Holt & Sievert name the decentralized version as the next step; the group pattern
+is torchft's, scale-anchors §1): when the workers change, the next update first forms a new
+group (a new generation, with its own rendezvous prefix in a store the client serves), whose
+rank 0 is a replica of the last generation and broadcasts its state to the joiners.  A worker
+lost inside a collective makes the others' collective fail (at once when it died, after the
+collective timeout when it hangs); the update is then recomputed by the next generation from
+the committed step count: no step is taken twice and no example is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import datetime
+import io
+import logging
+import math
+import time
+
+import cloudpickle
+import dask
+import numpy as np
+import torch
+import torch.distributed as dist
+from distributed.protocol import to_serialize
+from distributed.utils import get_ip
+
+from ..channel import tcp_host
+from ..dampers import GradStats
+from ..exceptions import CollectiveError, NoWorkersError
+from ..optimizer_plan import apply_plan, group_settings
+from ..parameters import flatten_parameters, float_buffers
+from ..records import ShareRequest, epoch_row
+from ..replica import step_vector
+from .aggregation import Totals
+from .parameter_server import MAX_RECOMPUTES, ParameterServer, dropout_seed
+from .transport import LOST
+
+logger = logging.getLogger(__name__)
+
+_NO_INDICES = np.zeros(0, dtype=np.int64)
+
+
+def collective_timeout(update_timeout: float) -> float:
+    """Seconds a replica waits in a collective before giving its peers up: dask config
+    ``adadamp.allreduce.timeout`` (default 30), at most half of ``update_timeout``, so the
+    survivors' error reaches the client before the client gives up on them.
+
+    Examples
+    --------
+    >>> collective_timeout(120.0), collective_timeout(20.0)
+    (30.0, 10.0)
+    """
+    return min(float(dask.config.get("adadamp.allreduce.timeout", 30.0)), update_timeout / 2)
+
+
+@dataclasses.dataclass
+class Commit:
+    """The state the client's copy of the module is at: the clock and the damper at the start of
+    an epoch, and how many of the epoch's update records were in by then."""
+
+    loop: object
+    damper: object
+    n_records: int
+
+
+class RolledBack(Exception):
+    """No replica was left: the epoch continues from the client's committed state."""
+
+
+class AllReduce(ParameterServer):
+    """Trains ``module`` on replicas held by the workers of ``client`` (see the module docstring).
+
+    The same constructor, context manager, data placement and membership as
+    :class:`~adadamp.engine.ParameterServer`; only the update differs.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.generation = 0
+        self._group: list[str] | None = None  # the workers of the current generation (rank order: self.workers)
+        self._current: set[str] = set()  # workers whose replica holds the fit's latest state
+        self._step: tuple[int, float, list[float]] | None = None  # the step the replicas owe
+        self._set_up_at: dict[str, int] = {}  # the update count of the payload each worker was set up from
+
+    # ------------------------------------------------------------------ set-up
+    def _acquire(self, stack: contextlib.ExitStack) -> None:
+        timeout = collective_timeout(self._policy.update_timeout)
+        self._store = dist.TCPStore(
+            "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout)
+        )
+        stack.callback(lambda: setattr(self, "_store", None))  # the store's server stops with the object
+        scheduler = tcp_host(self.client.scheduler.address) or "127.0.0.1"
+        self._store_address = (get_ip(scheduler), self._store.port)
+        self._payload_at = self.loop.n_updates
+        super()._acquire(stack)
+
+    def _module_payload(self) -> bytes:
+        # one pickle: the optimizer's state keeps pointing at the module's parameters
+        return cloudpickle.dumps((self.module, self.criterion, self.device, self.optimizer))
+
+    def _bind(self) -> None:
+        """The client's module keeps its own flat buffers (it is only written at a sync)."""
+        self.flat, self.grads = flatten_parameters(self.module)
+        self._buffers = float_buffers(self.module)
+        self._bound = True
+
+    def _setup_kwargs(self, worker: str) -> dict:
+        kwargs = super()._setup_kwargs(worker)
+        kwargs["replica"] = {
+            "store": self._store_address,
+            "timeout": collective_timeout(self.policy.update_timeout),
+            "bucket_mb": float(dask.config.get("adadamp.allreduce.bucket-mb", 25.0)),
+            "applied": self._payload_at,
+        }
+        self._set_up_at[worker] = self._payload_at
+        return kwargs
+
+    # ------------------------------------------------------------------ the group
+    def _ensure_group(self) -> None:
+        """Form a new generation if the workers changed since the last one."""
+        for _attempt in range(1 + MAX_RECOMPUTES):
+            if not self.workers:
+                self.members.refresh(force=True)
+            if self._group == self.workers:
+                return
+            workers = list(self.workers)
+            current = [w for w in workers if w in self._current]
+            restore = None
+            if not current:
+                if self.loop.n_updates != self._commit.loop.n_updates:
+                    self._roll_back()
+                    raise RolledBack
+                if self._set_up_at.get(workers[0]) != self.loop.n_updates:
+                    restore = self._client_state()
+            # group rank 0 is a replica of the last generation (or holds the committed state)
+            order = current + [w for w in workers if w not in current]
+            self.generation += 1
+            step = self._step_vector(-1)
+            t0 = time.perf_counter()
+            calls = [
+                (w, "adadamp_group", {
+                    "fit_id": self.fit_id, "generation": self.generation, "rank": rank, "size": len(order),
+                    "step": None if step is None else to_serialize(step),
+                    "restore": restore if rank == 0 else None,
+                })
+                for rank, w in enumerate(order)
+            ]
+            replies = self.transport.call_all(calls, timeout=self.transport.timeout)
+            lost = [w for w, r in zip(order, replies) if isinstance(r, (*LOST, CollectiveError))]
+            for r in replies:
+                if isinstance(r, BaseException) and not isinstance(r, (*LOST, CollectiveError)):
+                    raise r
+            if not lost:
+                self._group, self._current, self._step = workers, set(workers), None
+                self.group_rank = {w: k for k, w in enumerate(order)}
+                logger.info("all-reduce group %d formed: %d workers in %.3f s", self.generation, len(order),
+                            time.perf_counter() - t0)
+                return
+            self._current -= set(lost)
+            logger.warning("workers %s lost while forming all-reduce group %d; forming another", lost, self.generation)
+            self.members.refresh(force=True, lost=tuple(w for w, r in zip(order, replies) if isinstance(r, LOST)))
+        raise NoWorkersError(f"could not form an all-reduce group in {1 + MAX_RECOMPUTES} tries: workers keep leaving")
+
+    def _step_vector(self, update: int) -> np.ndarray | None:
+        if self._step is None:
+            return None if update < 0 else step_vector(self.generation, update, -1, 1.0, [])
+        step_of, scale, settings = self._step
+        return step_vector(self.generation, update, step_of, scale, settings)
+
+    # ------------------------------------------------------------------ commits
+    def _client_state(self) -> bytes:
+        """The client's committed copy, as a replica's state (``torch.save``)."""
+        buf = io.BytesIO()
+        torch.save({
+            "flat": self.flat.detach().clone(),
+            "buffers": [b.detach().clone() for b in self._buffers],
+            "optimizer": self.optimizer.state_dict(),
+            "applied": self.loop.n_updates,
+        }, buf)
+        return buf.getvalue()
+
+    def _set_commit(self, n_records: int) -> None:
+        self._commit = Commit(copy.copy(self.loop), copy.deepcopy(self.damper), n_records)
+        if self._payload_at != self.loop.n_updates:  # joiners start from this state
+            self._payload, self._payload_at = self._module_payload(), self.loop.n_updates
+
+    def _roll_back(self) -> None:
+        logger.warning("no replica left after %d updates; continuing from the client's copy (update %d)",
+                       self.loop.n_updates, self._commit.loop.n_updates)
+        self.loop.__dict__.update(copy.copy(self._commit.loop).__dict__)
+        self.damper.__dict__.update(copy.deepcopy(self._commit.damper).__dict__)
+        self.sampler = type(self.sampler)(self.loop)
+        self._step = None
+
+    def sync(self, take_step: bool = True) -> None:
+        """Take the pending step on every replica and load rank 0's state into the client's module
+        and optimizer (``take_step=False``: drop the pending gradient instead: it was not finite)."""
+        if not take_step:
+            self._step = None
+        step = self._step_vector(-1)
+        candidates = [w for w in self.workers if w in self._current]
+        while candidates:
+            source = candidates[0]
+            calls = [
+                (w, "adadamp_commit", {"fit_id": self.fit_id, "step": None if step is None else to_serialize(step),
+                                       "state": w == source})
+                for w in self.workers if w in self._current
+            ]
+            replies = self.transport.call_all(calls)
+            by_worker = dict(zip([c[0] for c in calls], replies))
+            lost = [w for w, r in by_worker.items() if isinstance(r, BaseException)]
+            self._current -= set(lost)
+            good = by_worker[source]
+            if not isinstance(good, BaseException):
+                self._load(good["state"])
+                self._step = None
+                if lost:
+                    self.members.refresh(force=True, lost=tuple(lost))
+                return
+            candidates = [w for w in candidates if w in self._current]
+        if self._step is not None or self.loop.n_updates != self._commit.loop.n_updates:
+            raise NoWorkersError("every replica was lost before the client's copy could be brought up to date")
+
+    def _load(self, blob: bytes) -> None:
+        saved = torch.load(io.BytesIO(blob), weights_only=True)
+        with torch.no_grad():
+            self.flat.copy_(saved["flat"])
+            for b, v in zip(self._buffers, saved["buffers"]):
+                b.copy_(v)
+        state = saved["optimizer"]
+        state["param_groups"] = self.optimizer.state_dict()["param_groups"]  # the client's schedule stays
+        self.optimizer.load_state_dict(state)
+
+    # ------------------------------------------------------------------ training
+    def _reduce(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None) -> tuple[Totals, float]:
+        """One update's round on the replicas; returns the batch's totals and the squared norm of
+        its mean gradient.  A lost worker: the next generation recomputes the update."""
+        for _round in range(1 + MAX_RECOMPUTES):
+            self._ensure_group()
+            lp = self.loop
+            shares = dict(self.placement.shares([idx], len(self.workers)))
+            ahead_rank = None
+            if ahead is not None:
+                ahead_rank = self.placement.owner[self.placement.blocks_of(ahead % lp.n_data)]
+            step = self._step_vector(lp.n_updates)
+            requests = [
+                ShareRequest(
+                    w, dropout_seed(lp.seed, lp.n_updates, k), shares.get(k, _NO_INDICES), epoch,
+                    ahead=None if ahead_rank is None else ahead[ahead_rank == k], step=step,
+                )
+                for k, w in enumerate(self.workers)
+            ]
+            totals, replied = Totals(), []
+            replies, totals.send = self.transport.round(requests, n_chunks, None, on_reply=_collect(totals, replied))
+            lost, broken = [], []
+            for request, r in zip(requests, replies):
+                if isinstance(r, CollectiveError):
+                    broken.append(request.worker)
+                elif isinstance(r, LOST):
+                    lost.append(request.worker)
+                    if isinstance(r, TimeoutError):  # alive but hung (or far too slow)
+                        self.members.strike(request.worker, r, out=True)
+                elif isinstance(r, BaseException):
+                    raise r
+            if not lost and not broken:
+                r = replied[0]  # every member holds the same all-reduced totals
+                totals.n, totals.weight, totals.loss_sum = r.n, r.weight, r.loss_sum
+                totals.chunk_sq_norm_sum, totals.n_chunks = r.chunk_sq_norm_sum, r.n_chunks
+                self._step = None
+                return totals, r.grad_sq_norm
+            logger.warning("update %d: lost %s, collective failed on %s; re-forming the group and recomputing",
+                           lp.n_updates, lost, broken)
+            self._current -= set(lost)
+            self._group = None
+            self.members.refresh(force=True, lost=tuple(lost))
+        raise NoWorkersError(
+            f"update {self.loop.n_updates} failed in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
+        )
+
+    def update(self) -> dict:
+        """One model update; returns its record for the history."""
+        t_start = time.perf_counter()
+        batch = self._next_batch()
+        t_sent = time.perf_counter()
+        total, sq_norm = self._reduce(batch.idx, batch.n_chunks, batch.epoch, batch.ahead)
+        t_back = time.perf_counter()
+        n, weight = total.n, total.weight
+        loss = total.loss_sum / weight
+        if not math.isfinite(loss) or not math.isfinite(sq_norm):
+            self.sync(take_step=False)  # the replicas hold the last finite weights
+            raise self._diverged(loss, len(batch.idx))
+        stats = None
+        if batch.need is not None:
+            stats = GradStats(
+                n_samples=int(n),
+                grad_sq_norm=sq_norm * (weight / n) ** 2,  # per example: the mean of the workers' sums
+                chunk_sq_norm_sum=float(total.chunk_sq_norm_sum),
+                n_chunks=int(total.n_chunks),
+            )
+        plan = self.damper.plan_update(batch.state, int(n), stats)
+        lr = apply_plan(self.optimizer, plan, scale_buffers=False)  # the replicas scale their own
+        self._step = (self.loop.n_updates, float(plan.momentum_buffer_scale), group_settings(self.optimizer))
+        self._advance(n, plan, loss)
+        t_end = time.perf_counter()
+        # the step is taken by the replicas with the next request: it is in their compute time
+        return self._record(n, lr, loss, total, t_start, t_sent, t_back, t_end, t_end)
+
+    def run_epoch(self, updates: list | None = None, on_update=None) -> dict:
+        """Updates until the epoch clock passes the next whole epoch; the client's module is up to
+        date when it returns (also when a callback stops training)."""
+        from ..callbacks import StopTraining
+
+        start = time.perf_counter()
+        lp = self.loop
+        target = lp.epoch_end()
+        updates = list(updates or [])
+        earlier = sum(u["update_time"] for u in updates)
+        self._set_commit(len(updates))
+        try:
+            while lp.in_epoch(target):
+                try:
+                    updates.append(self.update())
+                except RolledBack:
+                    del updates[self._commit.n_records:]
+                    continue
+                if on_update is not None:
+                    on_update(updates)
+        except StopTraining:
+            self.sync()
+            raise
+        except NoWorkersError:
+            self._roll_back()  # the client's copy is the commit's: the clock goes back with it
+            raise
+        self.sync()
+        return epoch_row(
+            round(target / lp.n_data), updates, lp.n_updates, lp.n_samples_seen, earlier + time.perf_counter() - start
+        )
+
+
+def _collect(totals: Totals, replied: list):
+    """A round's ``on_reply``: keep the replies and the slowest member's compute time."""
+
+    def add(_worker, reply) -> None:
+        totals.compute = max(totals.compute, reply.compute_time)
+        replied.append(reply)
+
+    return add

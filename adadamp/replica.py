@@ -1,0 +1,348 @@
+"""A worker's replica of the module and optimizer in an all-reduce fit (runs on the workers).
+
+Each update every member computes the gradient SUM over its share, all-reduces the sums, the
+example counts, the loss and the damper's statistics with ``torch.distributed`` (gloo on CPU,
+NCCL on CUDA devices), divides once by the batch's total and keeps the mean gradient *pending*:
+the step is taken when the next request arrives, because that request carries the plan the
+client's damper made from this update's statistics (so the plan costs no extra round trip).
+Members take the same step on the same numbers, so the replicas stay bitwise identical.
+
+Gradients are all-reduced in buckets while the backward pass still runs (as PyTorch's DDP
+does): a bucket is a contiguous range of the flat gradient, launched as soon as the backward
+pass has filled it, in the same order on every rank.
+
+Membership: a group is one *generation* with its own rendezvous prefix in the client's store
+(torchft's pattern, scale-anchors §1).  Forming one, the members first take the step they may
+still owe, then rank 0 (a member of the last generation, or the client's committed copy)
+broadcasts weights, running statistics and optimizer state, so a joiner starts from them.  A
+collective that fails (a peer died, or hung past the timeout) raises
+:class:`~adadamp.exceptions.CollectiveError` and drops the pending gradient; the client forms
+the next generation without the lost worker and recomputes the update.  Steps are numbered, so
+none is applied twice.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import logging
+import math
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .exceptions import CollectiveError
+from .gradient import examples, gradient_sum
+from .optimizer_plan import apply_settings
+from .parameters import trainable
+
+if TYPE_CHECKING:
+    from ._worker import _FitState
+
+logger = logging.getLogger(__name__)
+
+#: Step vector layout (float64): generation, update number, the update whose step to take
+#: first (-1: none), momentum-buffer scale, then (lr, momentum) per param group.
+STEP_HEADER = 4
+
+
+def step_vector(generation: int, update: int, step_of: int, buffer_scale: float, settings: list[float]) -> np.ndarray:
+    """What an all-reduce request carries besides the indices.
+
+    Examples
+    --------
+    >>> step_vector(2, 7, 6, 1.0, [0.1, 0.9]).tolist()
+    [2.0, 7.0, 6.0, 1.0, 0.1, 0.9]
+    """
+    return np.array([generation, update, step_of, buffer_scale, *settings], dtype=np.float64)
+
+
+def collective_backend(device: torch.device | str) -> str:
+    """The ``torch.distributed`` backend for replicas on ``device``: NCCL for CUDA, else gloo.
+
+    Examples
+    --------
+    >>> collective_backend("cpu"), collective_backend("cuda:1")
+    ('gloo', 'nccl')
+    """
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+class Buckets:
+    """The flat gradient cut into buckets that are all-reduced during the backward pass.
+
+    Buckets follow the parameters in reverse (the order the backward pass fills them); the first
+    is small (``first_bytes``) so communication starts early, the others up to ``bucket_bytes``
+    (DDP's 1 MB and 25 MB).  Hooks fire after a parameter's gradient is accumulated; a bucket is
+    launched when all its parameters are in and every bucket before it was launched.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], grads: torch.Tensor, bucket_bytes: int, first_bytes: int):
+        self.grads = grads
+        sizes = [p.numel() for p in params]
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)
+        self.ranges: list[tuple[int, int]] = []
+        self.members: list[int] = []
+        bucket_of: dict[int, int] = {}
+        limit, lo, hi, count = first_bytes, None, None, 0
+        for i in reversed(range(len(params))):
+            lo, hi = int(starts[i]), hi if hi is not None else int(starts[i] + sizes[i])
+            bucket_of[i] = len(self.ranges)
+            count += 1
+            if (hi - lo) * grads.element_size() >= limit or i == 0:
+                self.ranges.append((lo, hi))
+                self.members.append(count)
+                limit, hi, count = bucket_bytes, None, 0
+        self._next = 0
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(lambda _p, b=bucket_of[i]: self._filled(b)) for i, p in enumerate(params)
+        ]
+        self.group = None
+        self._armed = False
+        self._works: list = []
+        self._error: BaseException | None = None
+
+    def start(self, group) -> None:
+        """Launch buckets on ``group`` as the coming backward pass fills them."""
+        self.group, self._armed, self._works, self._error = group, True, [], None
+        self._count = [0] * len(self.ranges)
+        self._next = 0
+
+    @property
+    def launched(self) -> int:
+        """Buckets launched so far in this update (by the backward pass, before :meth:`finish`)."""
+        return self._next
+
+    def _filled(self, bucket: int) -> None:
+        if not self._armed:
+            return
+        self._count[bucket] += 1
+        while self._next < len(self.ranges) and self._count[self._next] == self.members[self._next]:
+            self._launch()
+
+    def _launch(self) -> None:
+        lo, hi = self.ranges[self._next]
+        self._next += 1
+        try:
+            self._works.append(self.group.allreduce([self.grads[lo:hi]]))
+        except RuntimeError as err:  # a hook must not raise into autograd: reported by finish()
+            self._error = err
+
+    def disarm(self) -> None:
+        self._armed, self._works = False, []
+
+    def finish(self) -> None:
+        """Launch the buckets the backward pass did not fill (unused parameters, an empty
+        share), in order, and wait for all."""
+        try:
+            while self._next < len(self.ranges):
+                self._launch()
+            for work in self._works:
+                work.wait()
+        finally:
+            self._armed, self._works = False, []
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
+class Replica:
+    """This worker's copy of an all-reduce fit's module (in ``state``) and optimizer.
+
+    ``applied`` counts the updates whose step this replica has taken (its weights are the
+    weights after that many updates); ``pending`` is the update whose mean gradient sits in the
+    flat gradient buffer, waiting for its step.
+    """
+
+    def __init__(self, state: _FitState, optimizer: torch.optim.Optimizer, *, fit_id: str, store: tuple[str, int],
+                 timeout: float, bucket_mb: float, applied: int):
+        self.state = state
+        self.optimizer = optimizer
+        self.fit_id = fit_id
+        self.store_address = store
+        self.timeout = datetime.timedelta(seconds=timeout)
+        self.backend = collective_backend(state.device)
+        self.applied = int(applied)
+        self.pending: int | None = None
+        self.group = None
+        self.generation: int | None = None
+        self.rank, self.size = 0, 1
+        self._store = None
+        mb = 2**20
+        self.buckets = Buckets(trainable(state.module), state.grads, int(bucket_mb * mb), min(mb, int(bucket_mb * mb)))
+
+    # ------------------------------------------------------------------ the group
+    def join(self, generation: int, rank: int, size: int, step: np.ndarray | None, restore: bytes | None) -> dict:
+        """Form generation ``generation``'s group as ``rank`` of ``size`` and take rank 0's state.
+
+        ``step`` is the step this replica may still owe (taken first, if it was not); ``restore``
+        (rank 0 only) is the client's committed state, used when no member of the last
+        generation remains.
+        """
+        with self.state.lock:
+            return self._join(generation, rank, size, step, restore)
+
+    def _join(self, generation, rank, size, step, restore) -> dict:
+        start = time.perf_counter()
+        self.take_step(step, strict=False)  # a joiner owes nothing: it takes rank 0's state below
+        self.group = None  # the last generation's group: its peers may be gone
+        try:
+            if self._store is None:
+                host, port = self.store_address
+                self._store = dist.TCPStore(host, int(port), is_master=False, timeout=self.timeout)
+            prefix = dist.PrefixStore(f"{self.fit_id}/{generation}", self._store)
+            if self.backend == "nccl":  # untested here (no GPU on the development machine)
+                group = dist.ProcessGroupNCCL(prefix, rank, size)
+            else:
+                group = dist.ProcessGroupGloo(prefix, rank, size, self.timeout)
+            self.group, self.generation, self.rank, self.size = group, generation, rank, size
+            if restore is not None:
+                self.load(restore)
+            self._broadcast_state()
+        except RuntimeError as err:
+            self.group = None
+            raise CollectiveError(f"forming generation {generation} failed on rank {rank}: {err}") from err
+        return {"applied": self.applied, "seconds": time.perf_counter() - start}
+
+    def _broadcast_state(self) -> None:
+        """Rank 0's weights, running statistics and optimizer state to every member."""
+        device = self._comm_device()
+        blob = self.dump() if self.rank == 0 else b""
+        length = torch.tensor([len(blob)], dtype=torch.int64, device=device)
+        self.group.broadcast(length, 0).wait()
+        if self.rank == 0:
+            data = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
+        else:
+            data = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+        self.group.broadcast(data, 0).wait()
+        if self.rank != 0:
+            self.load(data.cpu().numpy().tobytes())
+
+    def _comm_device(self) -> torch.device:
+        return self.state.device if self.backend == "nccl" else torch.device("cpu")
+
+    # ------------------------------------------------------------------ state
+    def dump(self) -> bytes:
+        """Weights, running statistics, optimizer state and the update count (``torch.save``)."""
+        buf = io.BytesIO()
+        torch.save({
+            "flat": self.state.flat.detach().cpu(),
+            "buffers": [b.detach().cpu() for b in self.state.buffers],
+            "optimizer": self.optimizer.state_dict(),
+            "applied": self.applied,
+        }, buf)
+        return buf.getvalue()
+
+    def load(self, blob: bytes) -> None:
+        saved = torch.load(io.BytesIO(blob), weights_only=True)
+        with torch.no_grad():
+            self.state.flat.copy_(saved["flat"])
+            for b, v in zip(self.state.buffers, saved["buffers"]):
+                b.copy_(v)
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.applied, self.pending = int(saved["applied"]), None
+
+    def take_step(self, step: np.ndarray | None, strict: bool = True) -> None:
+        """Take the step ``step`` names unless it was taken already (steps are numbered).
+
+        ``strict``: a replica that cannot take it (no pending gradient for that update) raises.
+        """
+        if step is None or step[2] < 0:
+            return
+        update = int(step[2])
+        if self.applied > update:
+            return  # taken before the last request failed
+        if self.applied != update or self.pending != update:
+            if not strict:
+                return
+            raise RuntimeError(f"replica at update {self.applied} (pending {self.pending}) cannot take step {update}")
+        apply_settings(self.optimizer, step[STEP_HEADER:], float(step[3]))
+        self.optimizer.step()
+        self.applied, self.pending = update + 1, None
+
+    # ------------------------------------------------------------------ one update
+    def update(self, indices: np.ndarray, n_chunks: int, seed: int, epoch: int, ahead: np.ndarray,
+               step: np.ndarray) -> dict:
+        """Take the pending step, compute this share's gradient sum and all-reduce the batch's."""
+        state = self.state
+        with state.lock:
+            state.last_used = time.monotonic()
+            start = time.perf_counter()
+            generation, update = int(step[0]), int(step[1])
+            if self.group is None or generation != self.generation:
+                raise CollectiveError(f"rank {self.rank} is not in generation {generation} (at {self.generation})")
+            self.take_step(step)
+            if self.applied != update:
+                raise RuntimeError(f"replica at update {self.applied} asked for update {update}")
+            X, y = examples(state, indices, epoch, ahead)
+            overlap = n_chunks <= 1 and self.size > 1  # chunk statistics need the local sum first
+            if overlap:
+                self.buckets.start(self.group)
+            try:
+                n, weight, loss_sum, sq_sum, n_stat = gradient_sum(state, X, y, n_chunks, seed)
+                computed = time.perf_counter()  # what follows is the all-reduce the backward pass did not hide
+            except BaseException:
+                self.buckets.disarm()
+                self.group, self.pending = None, None  # buckets may be in flight: this group is spent
+                raise
+            device = self._comm_device()
+            try:
+                if overlap:
+                    self.buckets.finish()
+                elif self.size > 1:
+                    self.group.allreduce([state.grads]).wait()
+                totals = torch.tensor([n, weight, loss_sum, sq_sum, n_stat], dtype=torch.float64, device=device)
+                works = [self.group.allreduce([totals])]
+                if state.buffers:  # running statistics: the example-weighted mean (algorithms.md P17)
+                    running = torch.cat([b.reshape(-1) for b in state.buffers]).to(device) * float(n)
+                    works.append(self.group.allreduce([running]))
+                for work in works:
+                    work.wait()
+            except RuntimeError as err:  # a peer died, hung past the timeout, or left the group
+                self.group, self.pending = None, None
+                raise CollectiveError(f"update {update}, rank {self.rank} of generation {generation}: {err}") from err
+            n_total, weight_total, loss_total, sq_total, chunks_total = totals.cpu().tolist()
+            if state.buffers:
+                _set_running(state.buffers, running / max(n_total, 1.0))
+            with np.errstate(invalid="ignore", over="ignore"):
+                state.grads.mul_(1.0 / weight_total if weight_total else 0.0)
+            sq_norm = float(torch.linalg.vector_norm(state.grads, dtype=torch.float64) ** 2)
+            self.pending = update
+            return {
+                "grad": None,
+                "buffers": None,
+                "n": int(n_total),
+                "weight": weight_total,
+                "loss_sum": loss_total,
+                "chunk_sq_norm_sum": sq_total,
+                "n_chunks": int(chunks_total),
+                "compute_time": computed - start,  # loading, the step and the gradient
+                "grad_sq_norm": sq_norm if math.isfinite(sq_norm) else math.inf,
+            }
+
+    def commit(self, step: np.ndarray | None, state: bool) -> dict:
+        """Take the pending step (the end of an epoch or of the fit); return the state if asked."""
+        with self.state.lock:
+            self.state.last_used = time.monotonic()
+            self.take_step(step)
+            self.pending = None
+            return {"applied": self.applied, "state": self.dump() if state else None}
+
+    def close(self) -> None:
+        self.buckets.close()
+        self.group = None
+        self._store = None
+
+
+def _set_running(buffers: list[torch.Tensor], values: torch.Tensor) -> None:
+    offset = 0
+    with torch.no_grad():
+        for b in buffers:
+            b.copy_(values[offset : offset + b.numel()].view_as(b))
+            offset += b.numel()

@@ -1,0 +1,292 @@
+"""The all-reduce backend on real worker processes: the parameter server's trajectory, membership
+changes without a restart, SIGKILL inside a collective, dampers with statistics, checkpoints."""
+
+import datetime
+import itertools
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from distributed import Client, LocalCluster
+from sklearn.datasets import make_classification, make_regression
+
+from adadamp import DaskClassifier, DaskRegressor
+from adadamp.callbacks import Callback
+from adadamp.dampers import AdaScale, Constant, DynamicSGD, GeoDamp
+from adadamp.engine.membership import MEMBERSHIP_INTERVAL
+from adadamp.exceptions import ConvergenceError
+from adadamp.replica import Buckets, collective_backend
+
+PS, AR = "parameter-server", "allreduce"
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, y = make_classification(n_samples=512, n_features=8, n_informative=6, n_classes=3, random_state=1)
+    return X.astype(np.float32), y
+
+
+def _cluster(n):
+    return LocalCluster(
+        n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+    )
+
+
+def _weights(est):
+    return torch.cat([p.detach().reshape(-1) for p in est.module_.parameters()]).numpy()
+
+
+def _workers_per_update(est):
+    return [u["n_workers"] for row in est.history_ for u in row["updates"]]
+
+
+def _both(make, X, y):
+    return [make(backend).fit(X, y) for backend in (PS, AR)]
+
+
+# ------------------------------------------------------------------ the parameter server's trajectory
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_allreduce_equals_the_parameter_server(data, client, optimizer):
+    X, y = data
+    opt = {"optimizer": torch.optim.SGD, "optimizer__lr": 0.05, "optimizer__momentum": 0.9} if optimizer == "sgd" \
+        else {"optimizer": torch.optim.Adam, "optimizer__lr": 0.01}
+    ps, ar = _both(lambda b: DaskClassifier(batch_size=48, max_epochs=3, random_state=0, backend=b, **opt), X, y)
+    np.testing.assert_allclose(_weights(ar), _weights(ps), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose([r["train_loss"] for r in ar.history_], [r["train_loss"] for r in ps.history_],
+                               rtol=1e-5)
+    assert [r["n_samples_seen"] for r in ar.history_] == [r["n_samples_seen"] for r in ps.history_]
+    # the client's optimizer state came back from the replicas (momentum buffers / Adam moments)
+    assert len(ar.optimizer_.state) == len(ps.optimizer_.state) > 0
+    np.testing.assert_allclose(ar.predict_proba(X), ps.predict_proba(X), rtol=1e-4, atol=1e-6)
+
+
+def test_regressor_with_batchnorm_and_geodamp(client):
+    X, y = make_regression(n_samples=300, n_features=6, noise=1.0, random_state=0)
+    X, y = X.astype(np.float32), (y / y.std()).astype(np.float32)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                            torch.nn.Linear(16, 1))
+
+        def forward(self, x):
+            return self.body(x)
+
+    def make(b):
+        return DaskRegressor(module=Net, optimizer=torch.optim.SGD, optimizer__lr=0.02, backend=b, max_epochs=3,
+                             batch_size=GeoDamp(initial=16, delay=1, factor=2), random_state=2)
+
+    ps, ar = _both(make, X, y)
+    np.testing.assert_allclose(_weights(ar), _weights(ps), rtol=1e-4, atol=1e-5)
+    # running statistics: the replicas average theirs every update (the parameter server's workers keep
+    # their own between updates, so the two agree only roughly); they came back to the client
+    bn = ar.module_.body[1]
+    assert bn.num_batches_tracked > 0 and float(bn.running_mean.abs().sum()) > 0
+    assert [r["batch_size"] for r in ar.history_] == [16, 32, 64]
+
+
+@pytest.mark.parametrize("damper", ["adascale", "dynamic-sgd"])
+def test_dampers_with_gradient_statistics(data, client, damper):
+    X, y = data
+    batch = AdaScale(batch_size=64, base_batch_size=16) if damper == "adascale" else \
+        DynamicSGD(batch_size=GeoDamp(initial=16, delay=1, factor=2), base_batch_size=16, compensation="velocity")
+    ps, ar = _both(lambda b: DaskClassifier(batch_size=batch, optimizer=torch.optim.SGD, optimizer__lr=0.05,
+                                            optimizer__momentum=0.9, max_epochs=3, random_state=0, backend=b), X, y)
+    np.testing.assert_allclose(_weights(ar), _weights(ps), rtol=1e-4, atol=1e-5)
+    lrs = [u["lr"] for row in ar.history_ for u in row["updates"]]
+    np.testing.assert_allclose(lrs, [u["lr"] for row in ps.history_ for u in row["updates"]], rtol=1e-4)
+    if damper == "adascale":  # the gain came from the all-reduced statistics
+        assert ar.damper_.gain_ > 1.0
+        np.testing.assert_allclose(ar.damper_.gain_, ps.damper_.gain_, rtol=1e-3)
+
+
+def test_checkpoint_resume_matches_uninterrupted_fit(data, client, tmp_path):
+    from test_elastic import StopAt, Stopped
+
+    X, y = data
+    params = {"max_epochs": 3, "random_state": 5, "optimizer": torch.optim.SGD, "optimizer__momentum": 0.9,
+              "backend": AR, "batch_size": 32}
+    whole = DaskClassifier(**params).fit(X, y)
+    path = tmp_path / "ckpt.pt"
+    stopped = DaskClassifier(callbacks=[("stop", StopAt(stop=21))], checkpoint=path, checkpoint_every=4, **params)
+    with pytest.raises(Stopped):
+        stopped.fit(X, y)
+    assert path.exists() and not hasattr(stopped, "module_")
+    resumed = DaskClassifier(checkpoint=path, **params).fit(X, y)
+    np.testing.assert_allclose(_weights(resumed), _weights(whole), rtol=1e-6, atol=1e-7)
+    assert [r["n_updates"] for r in resumed.history_] == [r["n_updates"] for r in whole.history_]
+
+
+def test_non_finite_loss_keeps_the_last_finite_weights(data, client):
+    X, y = data
+    est = DaskClassifier(optimizer=torch.optim.SGD, optimizer__lr=1e6, batch_size=64, max_epochs=50, backend=AR,
+                         random_state=0)
+    with pytest.raises(ConvergenceError, match="Non-finite training loss"):
+        est.fit(X, y)
+    assert np.isfinite(_weights(est)).all()
+
+
+def test_bad_backend_is_named_before_any_cluster_work(data):
+    with pytest.raises(ValueError, match="backend must be one of"):
+        DaskClassifier(backend="ring", client=object()).fit(*data)
+
+
+# ------------------------------------------------------------------ membership
+class _Clusters:
+    current = None
+    client = None
+
+
+class AddWorkerAt(Constant):
+    """Constant batch that adds a worker at update 3 (test only)."""
+
+    def next_batch_size(self, state):
+        if state.n_updates == 3:
+            _Clusters.current.scale(3)
+            _Clusters.client.wait_for_workers(3)
+            time.sleep(2 * MEMBERSHIP_INTERVAL)
+        return super().next_batch_size(state)
+
+
+def _replica_weights(dask_worker, fit_id=None):
+    from adadamp import _worker
+
+    return {f: s.flat.detach().numpy().copy() for f, s in _worker._FITS.items() if s.replica is not None}
+
+
+def test_a_joining_worker_gets_the_state_and_the_result_is_the_same(data):
+    """A worker added mid-fit joins the next generation with rank 0's weights and optimizer state;
+    all replicas end bitwise equal, and the trajectory is the parameter server's."""
+    X, y = data
+    params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "random_state": 0, "scale_cluster": False}
+    with _cluster(2) as cluster, Client(cluster) as client:
+        _Clusters.current, _Clusters.client = cluster, client
+        calm = DaskClassifier(batch_size=32, max_epochs=2, client=client, **params).fit(X, y)
+        est = DaskClassifier(batch_size=AddWorkerAt(batch_size=32), client=client, backend=AR, **params)
+        est.partial_fit(X, y)  # kept open: the replicas stay on the workers
+        est.partial_fit(X, y)
+        replicas = [w for ws in client.run(_replica_weights).values() for w in ws.values()]
+        workers = _workers_per_update(est)
+        est._kept_backend.claim(None)
+    assert workers[0] == 2 and workers[-1] == 3
+    assert len(replicas) == 3
+    for w in replicas:
+        np.testing.assert_array_equal(w, _weights(est))
+    np.testing.assert_allclose(_weights(est), _weights(calm), rtol=1e-5, atol=1e-6)
+
+
+def test_cluster_grows_with_geodamp_and_shrinks(data):
+    X, y = data
+    X, y = np.tile(X, (4, 1)), np.tile(y, 4)
+    damper = GeoDamp(initial=32, delay=1, factor=2, max_batch_size=128)
+    with _cluster(1) as cluster, Client(cluster) as client:
+        est = DaskClassifier(batch_size=damper, grads_per_worker=32, max_workers=4, scale_cluster=True, max_epochs=3,
+                             random_state=0, client=client, backend=AR).fit(X, y)
+        workers = _workers_per_update(est)
+        assert workers[0] == 1 and max(workers) >= 3
+        assert est.history_[-1]["n_samples_seen"] == 3 * len(X)
+        est.set_params(batch_size=32, warm_start=True, max_epochs=1).fit(X, y)
+        assert est.history_[-1]["n_workers"] == 1
+        assert est.history_[-1]["n_samples_seen"] == 4 * len(X)
+        calm = DaskClassifier(batch_size=damper, max_epochs=3, random_state=0, client=client,
+                              scale_cluster=False).fit(X, y)
+        grown = DaskClassifier(batch_size=damper, grads_per_worker=32, max_workers=4, scale_cluster=True,
+                               max_epochs=3, random_state=0, client=client, backend=AR).fit(X, y)
+    np.testing.assert_allclose(_weights(grown), _weights(calm), rtol=1e-4, atol=1e-5)
+
+
+class KillInBackward(torch.nn.Module):
+    """An MLP whose worker SIGKILLs itself in the middle of a backward pass once ``marker`` exists
+    (the first worker to claim it), while the others already all-reduce their first buckets."""
+
+    def __init__(self, marker="", d=8, classes=3):
+        super().__init__()
+        self.marker = marker
+        self.first = torch.nn.Linear(d, 32)
+        self.second = torch.nn.Linear(32, 32)
+        self.last = torch.nn.Linear(32, classes)
+
+    def forward(self, x):
+        h = torch.relu(self.first(x))
+        if h.requires_grad and self.marker:
+            h.register_hook(self._maybe_die)
+        return self.last(torch.relu(self.second(h)))
+
+    def _maybe_die(self, grad):
+        try:
+            os.rename(self.marker, self.marker + ".taken")  # exactly one process claims it
+        except OSError:
+            return grad
+        os.kill(os.getpid(), signal.SIGKILL)
+        return grad
+
+
+class ArmAt(Callback):
+    """Creates the marker after update ``at`` (test only)."""
+
+    def __init__(self, marker="", at=5):
+        self.marker = marker
+        self.at = at
+
+    def on_update_end(self, estimator, record=None, loop=None, **info):
+        if loop.n_updates == self.at:
+            Path(self.marker).touch()
+
+
+def test_sigkill_inside_a_collective_recomputes_the_update(data, tmp_path, caplog):
+    X, y = data
+    marker = str(tmp_path / "kill-now")
+    params = {"module": KillInBackward, "module__marker": marker, "optimizer": torch.optim.SGD,
+              "optimizer__momentum": 0.9, "batch_size": 48, "max_epochs": 3, "random_state": 4, "scale_cluster": False,
+              "backend": AR}
+    with dask.config.set({"adadamp.allreduce.bucket-mb": 0.001}), _cluster(3) as cluster, Client(cluster) as client:
+        calm = DaskClassifier(client=client, **params).fit(X, y)
+        with caplog.at_level(logging.WARNING, logger="adadamp"):
+            hurt = DaskClassifier(client=client, callbacks=[("arm", ArmAt(marker=marker, at=5))], **params).fit(X, y)
+    assert Path(marker + ".taken").exists()  # a worker died in its backward pass
+    assert any("collective failed" in r.getMessage() for r in caplog.records)
+    np.testing.assert_allclose(_weights(hurt), _weights(calm), rtol=1e-4, atol=1e-5)
+    assert hurt.history_[-1]["n_samples_seen"] == calm.history_[-1]["n_samples_seen"]  # nothing lost or repeated
+    assert hurt.history_[-1]["n_updates"] == calm.history_[-1]["n_updates"]
+    assert min(_workers_per_update(hurt)) < 3
+
+
+# ------------------------------------------------------------------ pieces
+def test_buckets_launch_in_order_during_the_backward_pass():
+    """Buckets are contiguous ranges of the flat gradient, the last parameters first, launched by
+    the backward pass's hooks as they fill."""
+    from adadamp.parameters import flatten_parameters
+
+    module = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                 torch.nn.Linear(64, 4))
+    _, grads = flatten_parameters(module)
+    buckets = Buckets(list(module.parameters()), grads, bucket_bytes=64 * 64 * 4, first_bytes=4 * 65 * 4)
+    covered = sorted(buckets.ranges)
+    assert covered[0][0] == 0 and covered[-1][1] == grads.numel()
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(covered))
+    assert buckets.ranges[0][1] == grads.numel()  # the first bucket holds the last layer
+
+    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=10))  # a real group of one
+    buckets.start(group)
+    grads.zero_()
+    module(torch.randn(5, 8)).sum().backward()
+    early = buckets.launched
+    buckets.finish()
+    assert early == len(buckets.ranges)  # all launched by the backward pass's hooks, in order
+    assert float(grads.abs().sum()) > 0
+    buckets.close()
+
+
+def test_device_placement_picks_nccl_for_cuda_and_gloo_otherwise():
+    """The CUDA path (NCCL) cannot run here (no GPU); what it chooses is checked on the CPU."""
+    assert collective_backend("cpu") == "gloo"
+    assert collective_backend(torch.device("cuda", 0)) == "nccl"
+    assert collective_backend("cuda") == "nccl"
