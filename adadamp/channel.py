@@ -287,7 +287,7 @@ class Channel:
             raise
         self.sock.settimeout(timeout)
         self.n_weights, self.n_buffers = n_weights, n_buffers
-        self.bytes = 0  # carried both ways by the requests and replies so far
+        self.sent = self.received = 0  # bytes of the requests and replies so far
         self._grad = np.empty(n_weights, dtype=np.float32)
 
     def send(
@@ -312,7 +312,7 @@ class Channel:
         parts = [header, _as_bytes(both)] + ([_as_bytes(step)] if len(step) else [])
         parts += [] if weights is None else [_as_bytes(weights)]
         send_all(self.sock, parts)
-        self.bytes += sum(len(p) for p in parts)
+        self.sent += sum(len(p) for p in parts)
 
     def receive(self, deadline: float) -> GradientReply:
         """The reply to the last :meth:`send`; ``TimeoutError`` after ``deadline`` (monotonic)."""
@@ -322,7 +322,7 @@ class Channel:
         )
         if not (0 <= n_error <= MAX_ERROR_BYTES and n_grad in (0, self.n_weights) and 0 <= n_buffers <= self.n_buffers):
             raise ConnectionError(f"malformed reply ({n_grad} gradient, {n_buffers} buffer floats, {n_error} bytes)")
-        self.bytes += REPLY.size + n_error + 4 * (n_grad + n_buffers)
+        self.received += REPLY.size + n_error + 4 * (n_grad + n_buffers)
         if status:
             message = bytearray(n_error)
             recv_exactly(self.sock, memoryview(message))

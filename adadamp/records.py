@@ -57,8 +57,8 @@ class UpdateRecord:
     ``compute_time`` is the slowest worker's gradient, ``comm_time`` the round trip minus that,
     ``send_time`` the client writing the requests, ``aggregate_time`` averaging, the finite check
     and the damper's plan, ``step_time`` the optimizer step, ``update_time`` the whole update.
-    ``client_bytes`` is what the client's connections to the workers carried for the update's
-    round, both ways (the data plane; not Dask's control messages).
+    ``sent_bytes`` and ``received_bytes`` are what the client's connections to the workers carried
+    for the update's round (the data plane: requests and replies; not Dask's control messages).
     """
 
     batch_size: int
@@ -71,7 +71,8 @@ class UpdateRecord:
     aggregate_time: float
     step_time: float
     update_time: float
-    client_bytes: int = 0
+    sent_bytes: int = 0
+    received_bytes: int = 0
 
     def row(self) -> dict:
         """The record as a row of ``history_[i]["updates"]`` (a shallow dict: every field is a number)."""

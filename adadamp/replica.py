@@ -174,6 +174,7 @@ class Replica:
         self.generation: int | None = None
         self.rank, self.size = 0, 1
         self._store = None
+        _warm_up()
         mb = 2**20
         self.buckets = Buckets(trainable(state.module), state.grads, int(bucket_mb * mb), min(mb, int(bucket_mb * mb)))
 
@@ -338,6 +339,14 @@ class Replica:
         self.buckets.close()
         self.group = None
         self._store = None
+
+
+def _warm_up() -> None:
+    """Pay, at set-up, what a process pays the first time it builds an optimizer and steps it
+    (torch imports ``torch._dynamo``: 0.6-0.9 s here), so the first update does not."""
+    param = torch.zeros(1, requires_grad=True)
+    param.grad = torch.zeros(1)
+    torch.optim.SGD([param], lr=0.0).step()
 
 
 def _set_running(buffers: list[torch.Tensor], values: torch.Tensor) -> None:

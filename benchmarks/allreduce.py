@@ -12,7 +12,7 @@ adadamp allreduce``).  Each part runs in a fresh process; the Markdown goes to
 * **sweep**: MLPs of about 1M, 10M and 50M parameters at P = 2 and 4 workers: median update time
   of the all-reduce backend, of the parameter server (shared memory, as on one machine) and of
   the parameter server over sockets (shared memory off: what crosses the network between
-  machines), and the bytes the client's sockets move per update (``client_bytes``).
+  machines), and the bytes the client's sockets send and receive per update (``history_``).
 * **membership**: a fit at P = 3 grows to 4 at a chosen update (a worker joins, set up in the
   background) and one at P = 4 loses a worker to SIGKILL; the time from the change to the end
   of the next update, beside the median update.
@@ -131,7 +131,8 @@ def part_sweep(quick: bool) -> dict:
                     rows.append({
                         "size": name, "n_params": n_params, "P": p, "backend": label,
                         "update_s": _steady(est, "update_time"), "compute_s": _steady(est, "compute_time"),
-                        "client_bytes": _steady(est, "client_bytes"), "fit_s": fit_s,
+                        "sent_bytes": _steady(est, "sent_bytes"), "received_bytes": _steady(est, "received_bytes"),
+                        "fit_s": fit_s,
                         "setup_s": fit_s - sum(r["dur"] for r in est.history_),
                         "loss": est.history_[-1]["train_loss"],
                     })
@@ -285,13 +286,14 @@ def report(results: dict, quick: bool) -> str:
     lines = ["# The all-reduce backend: benchmarks", "", intro, ""]
     if "sweep" in results:
         lines += ["## Model-size sweep (median update after the first two; batch 256, SGD with momentum)", "",
-                  "| params | P | backend | update ms | compute ms | client bytes / update | fit set-up s | ratio to allreduce |",
-                  "|---:|---:|---|---:|---:|---:|---:|---:|"]
+                  ("| params | P | backend | update ms | compute ms | client sends B | client receives B | fit set-up s "
+                   "| update time / allreduce's |"),
+                  "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
         rows = results["sweep"]
         for r in rows:
             ar = next(x for x in rows if x["size"] == r["size"] and x["P"] == r["P"] and x["backend"] == "allreduce")
             lines.append(f"| {r['n_params'] / 1e6:.1f}M | {r['P']} | {r['backend']} | {1e3 * r['update_s']:.1f} | "
-                         f"{1e3 * r['compute_s']:.1f} | {int(r['client_bytes']):,} | {r['setup_s']:.2f} | "
+                         f"{1e3 * r['compute_s']:.1f} | {int(r['sent_bytes']):,} | {int(r['received_bytes']):,} | {r['setup_s']:.2f} | "
                          f"{r['update_s'] / ar['update_s']:.2f} |")
         lines.append("")
     if "membership" in results:

@@ -198,7 +198,8 @@ def run_adadamp(wl: Workload, X, y, backend: str = "parameter-server") -> dict:
         "n_updates": est.loop_.n_updates,
         "module": est.module_,
         "breakdown": breakdown(est.history_),
-        "client_bytes": statistics.median(u["client_bytes"] for row in est.history_ for u in row["updates"]),
+        **{key: statistics.median(u[key] for row in est.history_ for u in row["updates"])
+           for key in ("sent_bytes", "received_bytes")},
     }
 
 

@@ -152,7 +152,9 @@ class AddWorkerAt(Constant):
         if state.n_updates == 3:
             _Clusters.current.scale(3)
             _Clusters.client.wait_for_workers(3)
-            time.sleep(2 * MEMBERSHIP_INTERVAL)
+            time.sleep(2 * MEMBERSHIP_INTERVAL)  # the engine notices it ...
+        if state.n_updates == 5:
+            time.sleep(2.5)  # ... and sets it up in the background (the first optimizer in a process: ~1 s)
         return super().next_batch_size(state)
 
 

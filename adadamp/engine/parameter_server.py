@@ -415,7 +415,8 @@ class ParameterServer:
             aggregate_time=t_agg - t_back,
             step_time=t_step - t_agg,
             update_time=t_step - t_start,
-            client_bytes=self.transport.round_bytes,
+            sent_bytes=self.transport.round_bytes[0],
+            received_bytes=self.transport.round_bytes[1],
         ).row()
 
     def sync(self) -> None:

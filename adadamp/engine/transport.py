@@ -53,7 +53,7 @@ class Transport:
         self.n_weights = n_weights  # floats in the weights and in a gradient
         self.n_buffers = n_buffers  # floats in the module's running statistics (BatchNorm)
         self.channels: dict[str, Channel] = {}
-        self.round_bytes = 0  # what the last round's requests and replies carried (see UpdateRecord)
+        self.round_bytes = (0, 0)  # bytes the last round sent and received (see UpdateRecord)
 
     # ------------------------------------------------------------------ RPCs
     def call_all(self, calls: list[tuple[str, str, dict]], timeout: float | None = None) -> list:
@@ -121,8 +121,8 @@ class Transport:
         for each good reply, in request order, as soon as that reply is in.
         """
         replies: list = [None] * len(requests)
-        before = sum(c.bytes for c in self.channels.values())
-        rpc_bytes = 0
+        before = self._bytes()
+        rpc_sent = rpc_received = 0
         start = time.perf_counter()
         deadline = time.monotonic() + self.timeout
         sent, rpc_calls, rpc_slots = set(), [], []
@@ -136,7 +136,7 @@ class Transport:
                     "step": None if r.step is None else to_serialize(r.step),
                 }
                 kwargs["weights"] = None if payload is None else to_serialize(payload)
-                rpc_bytes += sum(a.nbytes for a in (r.indices, r.ahead, r.step, payload) if a is not None)
+                rpc_sent += sum(a.nbytes for a in (r.indices, r.ahead, r.step, payload) if a is not None)
                 rpc_calls.append((r.worker, "adadamp_gradient", kwargs))
                 rpc_slots.append(i)
                 continue
@@ -149,7 +149,7 @@ class Transport:
         for i, r in zip(rpc_slots, self.call_all(rpc_calls)):
             replies[i] = GradientReply(**r) if isinstance(r, dict) else r
             if isinstance(r, dict):
-                rpc_bytes += sum(np.asarray(r[k]).nbytes for k in ("grad", "buffers") if r[k] is not None)
+                rpc_received += sum(np.asarray(r[k]).nbytes for k in ("grad", "buffers") if r[k] is not None)
         for i, r in enumerate(requests):
             if i in sent:
                 try:
@@ -158,8 +158,12 @@ class Transport:
                     replies[i] = err
             if isinstance(replies[i], GradientReply):
                 on_reply(r.worker, replies[i])
-        self.round_bytes = rpc_bytes + sum(c.bytes for c in self.channels.values()) - before
+        after = self._bytes()
+        self.round_bytes = (rpc_sent + after[0] - before[0], rpc_received + after[1] - before[1])
         return replies, send_time
+
+    def _bytes(self) -> tuple[int, int]:
+        return sum(c.sent for c in self.channels.values()), sum(c.received for c in self.channels.values())
 
     def close(self) -> None:
         for w in list(self.channels):
