@@ -282,10 +282,11 @@ async def _adadamp_group(fit_id: str, generation: int, rank: int, size: int, ste
     return await _run(replica.join, generation, rank, size, None if step is None else np.asarray(step), restore)
 
 
-async def _adadamp_commit(fit_id: str, step=None, state: bool = False) -> dict:
-    """Take an all-reduce fit's pending step; return the replica's state if asked."""
+async def _adadamp_commit(fit_id: str, step=None, state: bool = False, groups=None) -> dict:
+    """Take an all-reduce fit's pending step (and the client's param groups); return the
+    replica's state if asked."""
     replica = _FITS[fit_id].replica
-    return await _run(replica.commit, None if step is None else np.asarray(step), state)
+    return await _run(replica.commit, None if step is None else np.asarray(step), state, groups)
 
 
 async def _adadamp_gradient(

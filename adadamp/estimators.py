@@ -771,7 +771,8 @@ class BaseDaskEstimator(BaseEstimator):
                 loop.run(backend, epochs, epoch_updates)
             return
         # On a cluster of the user's, partial_fit keeps the backend open for the next call on the same data.
-        key = (client, policy, str(self.device), self.backend, data.token())
+        # (the optimizer's class: an all-reduce backend's replicas hold one of theirs)
+        key = (client, policy, str(self.device), self.backend, type(state.optimizer), data.token())
         backend = kept.claim(None if fresh else key) if kept is not None else None
         if backend is not None:
             backend.resume(module=state.module, optimizer=state.optimizer, damper=state.damper, loop=state.loop)

@@ -23,10 +23,12 @@ none is applied twice.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import logging
 import math
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -43,6 +45,10 @@ if TYPE_CHECKING:
     from ._worker import _FitState
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a collective runs before its members start looking for a failed peer every as often.
+ABORT_POLL = 0.2
+_FAILED_GROUPS: list = []  # groups left after a failure (never destroyed: their threads may still wait)
 
 #: Step vector layout (float64): generation, update number, the update whose step to take
 #: first (-1: none), momentum-buffer scale, then (lr, momentum) per param group.
@@ -134,14 +140,14 @@ class Buckets:
     def disarm(self) -> None:
         self._armed, self._works = False, []
 
-    def finish(self) -> None:
+    def finish(self, wait) -> None:
         """Launch the buckets the backward pass did not fill (unused parameters, an empty
-        share), in order, and wait for all."""
+        share), in order, and ``wait(work)`` for all."""
         try:
             while self._next < len(self.ranges):
                 self._launch()
             for work in self._works:
-                work.wait()
+                wait(work)
         finally:
             self._armed, self._works = False, []
         if self._error is not None:
@@ -174,6 +180,7 @@ class Replica:
         self.generation: int | None = None
         self.rank, self.size = 0, 1
         self._store = None
+        self._prefix = None  # the current generation's keys in the client's store
         _warm_up()
         mb = 2**20
         self.buckets = Buckets(trainable(state.module), state.grads, int(bucket_mb * mb), min(mb, int(bucket_mb * mb)))
@@ -197,7 +204,7 @@ class Replica:
             if self._store is None:
                 host, port = self.store_address
                 self._store = dist.TCPStore(host, int(port), is_master=False, timeout=self.timeout)
-            prefix = dist.PrefixStore(f"{self.fit_id}/{generation}", self._store)
+            prefix = self._prefix = dist.PrefixStore(f"{self.fit_id}/{generation}", self._store)
             if self.backend == "nccl":  # untested here (no GPU on the development machine)
                 group = dist.ProcessGroupNCCL(prefix, rank, size)
             else:
@@ -207,21 +214,23 @@ class Replica:
                 self.load(restore)
             self._broadcast_state()
         except RuntimeError as err:
-            self.group = None
-            raise CollectiveError(f"forming generation {generation} failed on rank {rank}: {err}") from err
-        return {"applied": self.applied, "seconds": time.perf_counter() - start}
+            failure = str(err)
+        else:
+            return {"applied": self.applied, "seconds": time.perf_counter() - start}
+        self._drop_group()
+        raise CollectiveError(f"forming generation {generation} failed on rank {rank}: {failure}")
 
     def _broadcast_state(self) -> None:
         """Rank 0's weights, running statistics and optimizer state to every member."""
         device = self._comm_device()
         blob = self.dump() if self.rank == 0 else b""
         length = torch.tensor([len(blob)], dtype=torch.int64, device=device)
-        self.group.broadcast(length, 0).wait()
+        self._wait(self.group.broadcast(length, 0))
         if self.rank == 0:
             data = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
         else:
             data = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
-        self.group.broadcast(data, 0).wait()
+        self._wait(self.group.broadcast(data, 0))
         if self.rank != 0:
             self.load(data.cpu().numpy().tobytes())
 
@@ -289,25 +298,16 @@ class Replica:
                 n, weight, loss_sum, sq_sum, n_stat = gradient_sum(state, X, y, n_chunks, seed)
                 computed = time.perf_counter()  # what follows is the all-reduce the backward pass did not hide
             except BaseException:
-                self.buckets.disarm()
-                self.group, self.pending = None, None  # buckets may be in flight: this group is spent
+                self._drop_group()  # buckets may be in flight: this group is spent
                 raise
-            device = self._comm_device()
+            failure = None
             try:
-                if overlap:
-                    self.buckets.finish()
-                elif self.size > 1:
-                    self.group.allreduce([state.grads]).wait()
-                totals = torch.tensor([n, weight, loss_sum, sq_sum, n_stat], dtype=torch.float64, device=device)
-                works = [self.group.allreduce([totals])]
-                if state.buffers:  # running statistics: the example-weighted mean (algorithms.md P17)
-                    running = torch.cat([b.reshape(-1) for b in state.buffers]).to(device) * float(n)
-                    works.append(self.group.allreduce([running]))
-                for work in works:
-                    work.wait()
+                totals, running = self._reduce(overlap, [n, weight, loss_sum, sq_sum, n_stat], float(n))
             except RuntimeError as err:  # a peer died, hung past the timeout, or left the group
-                self.group, self.pending = None, None
-                raise CollectiveError(f"update {update}, rank {self.rank} of generation {generation}: {err}") from err
+                failure = str(err)  # (not kept: the error's frames hold this group's work)
+            if failure is not None:
+                self._drop_group()
+                raise CollectiveError(f"update {update}, rank {self.rank} of generation {generation}: {failure}")
             n_total, weight_total, loss_total, sq_total, chunks_total = totals.cpu().tolist()
             if state.buffers:
                 _set_running(state.buffers, running / max(n_total, 1.0))
@@ -327,12 +327,64 @@ class Replica:
                 "grad_sq_norm": sq_norm if math.isfinite(sq_norm) else math.inf,
             }
 
-    def commit(self, step: np.ndarray | None, state: bool) -> dict:
-        """Take the pending step (the end of an epoch or of the fit); return the state if asked."""
+    def _reduce(self, overlap: bool, scalars: list[float], n: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """All-reduce the gradient (what the buckets did not yet), the scalars and the running
+        statistics weighted by the share's examples; returns the last two, summed."""
+        state, device = self.state, self._comm_device()
+        if overlap:
+            self.buckets.finish(self._wait)
+        elif self.size > 1:
+            self._wait(self.group.allreduce([state.grads]))
+        totals = torch.tensor(scalars, dtype=torch.float64, device=device)
+        works = [self.group.allreduce([totals])]
+        running = None
+        if state.buffers:  # running statistics: the example-weighted mean (algorithms.md P17)
+            running = torch.cat([b.reshape(-1) for b in state.buffers]).to(device) * n
+            works.append(self.group.allreduce([running]))
+        for work in works:
+            self._wait(work)
+        return totals, running
+
+    def _wait(self, work) -> None:
+        """Wait for a collective, and give it up when another member's failed.
+
+        A peer that dies is noticed at once only by the members it talks to directly; the others
+        would wait for the collective timeout.  So a member whose collective fails says so in the
+        generation's store (``abort``), and a member still waiting after ``ABORT_POLL`` looks there
+        every ``ABORT_POLL`` seconds.  A normal collective never looks.
+        """
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _: done.set())
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while not done.wait(ABORT_POLL):
+            if self._prefix.check(["abort"]) or time.monotonic() > deadline:
+                raise RuntimeError(f"generation {self.generation}: a peer's collective failed (or timed out)")
+        work.wait()  # done: raises the collective's error, if it failed
+
+    def _drop_group(self) -> None:
+        """Leave a group after a failure: tell the other members (``abort`` in the generation's
+        store) and keep the group object alive, aside: its threads may still wait on a peer until
+        the timeout, and destroying it would wait for them."""
+        self.buckets.disarm()
+        group, self.group, self.pending = self.group, None, None
+        if group is not None:
+            _FAILED_GROUPS.append(group)
+            with contextlib.suppress(Exception):  # the client (and its store) may be gone
+                self._prefix.set("abort", b"1")
+
+    def commit(self, step: np.ndarray | None, state: bool, groups: bytes | None = None) -> dict:
+        """Take the pending step (the end of an epoch or of the fit); return the state if asked.
+
+        ``groups``: the client's param groups (``torch.save``d, without the parameters): a warm
+        call changed the optimizer's hyperparameters (``set_params(optimizer__...)``).
+        """
         with self.state.lock:
             self.state.last_used = time.monotonic()
             self.take_step(step)
             self.pending = None
+            if groups is not None:
+                for group, new in zip(self.optimizer.param_groups, torch.load(io.BytesIO(groups), weights_only=True)):
+                    group.update({k: v for k, v in new.items() if k != "params"})
             return {"applied": self.applied, "state": self.dump() if state else None}
 
     def close(self) -> None:

@@ -6,7 +6,8 @@
 
 W1-W3 against DDP are in the throughput benchmark (``python -m benchmarks.run --peers ddp
 adadamp allreduce``).  Each part runs in a fresh process; the Markdown goes to
-``benchmarks/allreduce.md`` and the simulator's calibration to
+``benchmarks/allreduce.md`` (the raw numbers to ``benchmarks/allreduce.json``; a part not run
+keeps its last numbers there) and the simulator's calibration to
 ``benchmarks/allreduce-calibration.json`` (read by ``experiments/simulate_table2.py``).
 
 * **sweep**: MLPs of about 1M, 10M and 50M parameters at P = 2 and 4 workers: median update time
@@ -76,6 +77,7 @@ class KillInBackward(MLP):
         return grad
 
 
+_LIVE: dict = {}  # the benchmark's cluster and client (callbacks must stay clonable)
 SIZES = {"1M": 920, "10M": 3050, "50M": 6950}  # hidden widths: 1.09M, 10.1M, 50.1M parameters
 QUICK_SIZES = {"0.1M": 200, "1M": 920}
 
@@ -152,27 +154,30 @@ def part_membership(quick: bool) -> dict:
     out = {}
 
     class Change(Callback):
-        """At update ``at``: add a worker (``join``) or SIGKILL one (``kill``); test only."""
+        """At update ``at``: add a worker (``join``) or SIGKILL one (``kill``); benchmark only."""
 
-        def __init__(self, what="join", at=8, cluster=None, client=None):
-            self.what, self.at, self.cluster, self.client = what, at, cluster, client
+        def __init__(self, what="join", at=8):
+            self.what, self.at = what, at
 
         def on_update_end(self, estimator, record=None, loop=None, **info):
+            cluster, client = _LIVE["cluster"], _LIVE["client"]
+            if self.what == "join" and loop.n_updates == self.at + 1:
+                time.sleep(2.5)  # its set-up runs in the background; the change is the look that takes it
             if loop.n_updates != self.at:
                 return
             if self.what == "join":
-                self.cluster.scale(4)
-                self.client.wait_for_workers(4)
-                time.sleep(1.5)  # its set-up runs in the background: the change is the look that takes it
+                cluster.scale(4)
+                client.wait_for_workers(4)
+                time.sleep(1.0)  # the engine's next look sees it and starts its set-up
             else:
-                pids = sorted(self.client.run(os.getpid).values())
+                pids = sorted(client.run(os.getpid).values())
                 os.kill(pids[-1], signal.SIGKILL)
-            self.changed_at_ = time.perf_counter()
 
     for what, start_p in (("join", 3), ("kill", 4)):
         cluster, client = _cluster(start_p)
+        _LIVE.update(cluster=cluster, client=client)
         try:
-            cb = Change(what=what, at=8, cluster=cluster, client=client)
+            cb = Change(what=what, at=8)
             est = DaskClassifier(module=MLP, module__hidden=hidden, optimizer=torch.optim.SGD, optimizer__lr=0.01,
                                  batch_size=256, max_epochs=1, random_state=0, client=client, backend=AR,
                                  scale_cluster=False, callbacks=[("change", cb)]).fit(X, y)
@@ -333,7 +338,9 @@ def main(argv=None) -> None:
         torch.set_num_threads(1)
         print(json.dumps(PARTS[args.one](args.quick)))
         return
-    results = {}
+    suffix = "-quick" if args.quick else ""
+    raw = HERE / f"allreduce{suffix}.json"
+    results = json.loads(raw.read_text()) if raw.exists() else {}  # parts not run now keep their last numbers
     for part in args.part:
         cmd = [sys.executable, "-m", "benchmarks.allreduce", "--one", part] + ["--quick"] * args.quick
         proc = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True, timeout=3600, check=False)
@@ -342,9 +349,9 @@ def main(argv=None) -> None:
             print(proc.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"part {part} failed")
         results.update(json.loads(lines[-1]))
+        raw.write_text(json.dumps(results, indent=1) + "\n")
     text = report(results, args.quick)
     print(text)
-    suffix = "-quick" if args.quick else ""
     (HERE / f"allreduce{suffix}.md").write_text(text + "\n")
     if "calibration" in results:
         (HERE / f"allreduce-calibration{suffix}.json").write_text(json.dumps(results["calibration"], indent=1) + "\n")

@@ -108,6 +108,23 @@ def test_dampers_with_gradient_statistics(data, client, damper):
         np.testing.assert_allclose(ar.damper_.gain_, ps.damper_.gain_, rtol=1e-3)
 
 
+def test_dask_arrays_and_lazy_datasets_on_replicas(data, client):
+    """The data paths are the backend's concern only through placement: a dask array's partitions
+    and a lazy Dataset (with random transforms, read on the workers) give the parameter server's
+    weights."""
+    import dask.array as da
+    from test_lazy_datasets import ClientForbidden
+
+    X, y = data
+    params = {"batch_size": 40, "max_epochs": 2, "random_state": 3}
+    dX, dy = da.from_array(X, chunks=64), da.from_array(y, chunks=64)
+    ps, ar = _both(lambda b: DaskClassifier(backend=b, **params), dX, dy)
+    np.testing.assert_allclose(_weights(ar), _weights(ps), rtol=1e-5, atol=1e-6)
+    dataset = ClientForbidden(X, y, noise=0.1, targets=True)
+    ps, ar = [DaskClassifier(backend=b, **params).fit(dataset) for b in (PS, AR)]
+    np.testing.assert_allclose(_weights(ar), _weights(ps), rtol=1e-5, atol=1e-6)
+
+
 def test_checkpoint_resume_matches_uninterrupted_fit(data, client, tmp_path):
     from test_elastic import StopAt, Stopped
 
@@ -123,6 +140,24 @@ def test_checkpoint_resume_matches_uninterrupted_fit(data, client, tmp_path):
     resumed = DaskClassifier(checkpoint=path, **params).fit(X, y)
     np.testing.assert_allclose(_weights(resumed), _weights(whole), rtol=1e-6, atol=1e-7)
     assert [r["n_updates"] for r in resumed.history_] == [r["n_updates"] for r in whole.history_]
+
+
+def test_warm_partial_fit_takes_changed_optimizer_parameters(data, client):
+    """A warm partial_fit resumes the replicas: parameters changed with set_params in between
+    (weight decay) reach them, as they reach the parameter server's optimizer."""
+    X, y = data
+    fits = []
+    for backend in (PS, AR):
+        est = DaskClassifier(optimizer=torch.optim.SGD, optimizer__momentum=0.9, batch_size=64, random_state=0,
+                             backend=backend)
+        est.partial_fit(X, y)
+        est.set_params(optimizer__weight_decay=0.5, optimizer__lr=0.05)
+        est.partial_fit(X, y)
+        fits.append(est)
+    assert fits[1].optimizer_.param_groups[0]["weight_decay"] == 0.5
+    np.testing.assert_allclose(_weights(fits[1]), _weights(fits[0]), rtol=1e-5, atol=1e-6)
+    for est in fits:
+        est._kept_backend.claim(None)
 
 
 def test_non_finite_loss_keeps_the_last_finite_weights(data, client):
@@ -281,7 +316,7 @@ def test_buckets_launch_in_order_during_the_backward_pass():
     grads.zero_()
     module(torch.randn(5, 8)).sum().backward()
     early = buckets.launched
-    buckets.finish()
+    buckets.finish(lambda work: work.wait())
     assert early == len(buckets.ranges)  # all launched by the backward pass's hooks, in order
     assert float(grads.abs().sum()) > 0
     buckets.close()

@@ -372,6 +372,31 @@ def test_fit_grows_trains_shrinks_and_jobs_end(slurm, tmp_path, request):
     assert all(state in FINISHED for state in final.values()), final
 
 
+def test_allreduce_grows_with_slurm_jobs(slurm, tmp_path, request):
+    """backend="allreduce" on dask-jobqueue: the batch grows 32 -> 64 -> 128, the engine asks for
+    1 -> 2 -> 3 jobs, and every new job's worker joins the replicas' next group generation."""
+    X, y = regression_data()
+    with slurm_cluster(tmp_path, "allreduce") as (cluster, client, jobs), engine_log() as log:
+        est = slow_regressor(
+            client, 0.1, backend="allreduce", batch_size=GeoDamp, batch_size__initial=32, batch_size__delay=1,
+            batch_size__factor=2, batch_size__max_batch_size=128, scale_cluster=True, grads_per_worker=32,
+            min_workers=1, max_workers=3, max_epochs=6, worker_timeout=90, update_timeout=60,
+        )
+        est.fit(X, y)
+        per_update = workers_per_update(est)
+        _say(request.config, f"[slurm] allreduce: workers per update {_runs(per_update)}")
+        assert per_update[0] < max(per_update) == 3, per_update
+        losses = [row["train_loss"] for row in est.history_]
+        assert losses[-1] < losses[0], losses
+        assert est.history_[-1]["n_samples_seen"] == 6 * len(X)
+        cluster.scale(0)
+        final = jobs.wait_all_ended(60)
+        if log:
+            _say_log(request.config, "allreduce", log, 10)
+    jobs.report(request.config, "allreduce")
+    assert all(state in FINISHED for state in final.values()), final
+
+
 def _plugin_registered(dask_scheduler) -> bool:
     from adadamp._worker import TrainerPlugin
 

@@ -176,9 +176,29 @@ class AllReduce(ParameterServer):
                             time.perf_counter() - t0)
                 return
             self._current -= set(lost)
+            for w, r in zip(order, replies):
+                if isinstance(r, TimeoutError):  # alive but hung: left out, as in an update
+                    self.members.strike(w, r, out=True)
             logger.warning("workers %s lost while forming all-reduce group %d; forming another", lost, self.generation)
             self.members.refresh(force=True, lost=tuple(w for w, r in zip(order, replies) if isinstance(r, LOST)))
         raise NoWorkersError(f"could not form an all-reduce group in {1 + MAX_RECOMPUTES} tries: workers keep leaving")
+
+    def resume(self, **kwargs) -> None:
+        """As the parameter server's; the replicas also take the optimizer's hyperparameters of
+        this call (``set_params(optimizer__...)`` between ``partial_fit`` calls)."""
+        super().resume(**kwargs)
+        buf = io.BytesIO()
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        torch.save(groups, buf)
+        current = [w for w in self.workers if w in self._current]
+        replies = self.transport.call_all(
+            [(w, "adadamp_commit", {"fit_id": self.fit_id, "groups": buf.getvalue()}) for w in current]
+        )
+        lost = tuple(w for w, r in zip(current, replies) if isinstance(r, BaseException))
+        if lost:  # they are re-set up (with the client's optimizer) when the group is formed again
+            self._current -= set(lost)
+            self._group = None
+            self.members.refresh(force=True, lost=lost)
 
     def _step_vector(self, update: int) -> np.ndarray | None:
         if self._step is None:
