@@ -296,6 +296,35 @@ def test_sigkill_inside_a_collective_recomputes_the_update(data, tmp_path, caplo
     assert min(_workers_per_update(hurt)) < 3
 
 
+class KillBetweenUpdates(Callback):
+    """SIGKILLs the last worker after update ``at`` (test only)."""
+
+    def __init__(self, at=4):
+        self.at = at
+
+    def on_update_end(self, estimator, record=None, loop=None, **info):
+        if loop.n_updates == self.at:
+            pids = sorted(_Clusters.client.run(os.getpid).values())
+            os.kill(pids[-1], signal.SIGKILL)
+
+
+@pytest.mark.timeout(240)
+def test_members_that_do_not_talk_to_the_dead_worker_give_up_at_once(data):
+    """At P = 4 gloo tells only the dead worker's neighbours; the others learn it from the
+    generation's abort key.  With a collective timeout of 10 minutes, the fit must finish well
+    within the test's timeout, with the undisturbed weights."""
+    X, y = data
+    params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "batch_size": 64, "max_epochs": 2,
+              "random_state": 1, "scale_cluster": False, "backend": AR, "update_timeout": 1300.0}
+    with dask.config.set({"adadamp.allreduce.timeout": 600.0}), _cluster(4) as cluster, Client(cluster) as client:
+        _Clusters.current, _Clusters.client = cluster, client
+        calm = DaskClassifier(client=client, **params).fit(X, y)
+        hurt = DaskClassifier(client=client, callbacks=[("kill", KillBetweenUpdates(at=4))], **params).fit(X, y)
+    assert min(_workers_per_update(hurt)) == 3
+    np.testing.assert_allclose(_weights(hurt), _weights(calm), rtol=1e-4, atol=1e-5)
+    assert hurt.history_[-1]["n_samples_seen"] == calm.history_[-1]["n_samples_seen"]
+
+
 # ------------------------------------------------------------------ pieces
 def test_buckets_launch_in_order_during_the_backward_pass():
     """Buckets are contiguous ranges of the flat gradient, the last parameters first, launched by
