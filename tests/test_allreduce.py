@@ -325,6 +325,37 @@ def test_members_that_do_not_talk_to_the_dead_worker_give_up_at_once(data):
     assert hurt.history_[-1]["n_samples_seen"] == calm.history_[-1]["n_samples_seen"]
 
 
+class KillOnlyWorker(Callback):
+    """SIGKILLs the (only) worker after update ``at``, then waits for its nanny's replacement."""
+
+    def __init__(self, at=20):
+        self.at = at
+
+    def on_update_end(self, estimator, record=None, loop=None, **info):
+        if loop.n_updates == self.at and not getattr(self, "killed_", False):  # once: the epoch runs again
+            self.killed_ = True
+            (pid,) = _Clusters.client.run(os.getpid).values()
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_losing_every_replica_continues_from_the_clients_copy(data, caplog):
+    """One worker, killed mid-epoch: no replica is left, so the epoch starts again from the
+    client's copy of its start (the replacement worker takes it), and the fit ends with the
+    undisturbed weights; the epoch's history holds each update once."""
+    X, y = data
+    params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "batch_size": 32, "max_epochs": 2,
+              "random_state": 2, "scale_cluster": False, "backend": AR, "worker_timeout": 60.0}
+    with _cluster(1) as cluster, Client(cluster) as client:
+        _Clusters.current, _Clusters.client = cluster, client
+        calm = DaskClassifier(client=client, **params).fit(X, y)
+        with caplog.at_level(logging.WARNING, logger="adadamp"):
+            hurt = DaskClassifier(client=client, callbacks=[("kill", KillOnlyWorker(at=20))], **params).fit(X, y)
+    assert any("no replica left" in r.getMessage() for r in caplog.records)
+    np.testing.assert_allclose(_weights(hurt), _weights(calm), rtol=1e-5, atol=1e-6)
+    assert [r["n_updates"] for r in hurt.history_] == [r["n_updates"] for r in calm.history_]
+    assert [len(r["updates"]) for r in hurt.history_] == [len(r["updates"]) for r in calm.history_]
+
+
 # ------------------------------------------------------------------ pieces
 def test_buckets_launch_in_order_during_the_backward_pass():
     """Buckets are contiguous ranges of the flat gradient, the last parameters first, launched by

@@ -74,7 +74,7 @@ def test_records_make_the_history_rows():
     rec = UpdateRecord(8, 0.1, 2, 0.5, 0.01, 0.002, 0.001, 0.0005, 0.0003, 0.02)
     row = rec.row()
     assert list(row) == ["batch_size", "lr", "n_workers", "loss", "compute_time", "comm_time", "send_time",
-                         "aggregate_time", "step_time", "update_time"]
+                         "aggregate_time", "step_time", "update_time", "sent_bytes", "received_bytes"]
     epoch = epoch_row(3, [row, {**row, "batch_size": 2, "loss": 1.0}], n_updates=12, n_samples_seen=40, dur=1.5)
     assert epoch["train_loss"] == pytest.approx((0.5 * 8 + 1.0 * 2) / 10)
     assert (epoch["epoch"], epoch["batch_size"], epoch["n_updates"]) == (3, 8, 12)
