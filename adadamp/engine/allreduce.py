@@ -40,11 +40,11 @@ import dask
 import numpy as np
 import torch
 import torch.distributed as dist
+from distributed.comm import get_address_host
 from distributed.protocol import to_serialize
 from distributed.utils import get_ip
 
-from ..channel import tcp_host
-from ..dampers import GradStats
+from ..dampers import BaseDamper, GradStats
 from ..exceptions import CollectiveError, NoWorkersError
 from ..optimizer_plan import apply_plan, group_settings
 from ..parameters import flatten_parameters, float_buffers
@@ -52,6 +52,7 @@ from ..records import ShareRequest, epoch_row
 from ..replica import step_vector
 from .aggregation import Totals
 from .parameter_server import MAX_RECOMPUTES, ParameterServer, dropout_seed
+from .sampler import LoopState
 from .transport import LOST
 
 logger = logging.getLogger(__name__)
@@ -77,8 +78,8 @@ class Commit:
     """The state the client's copy of the module is at: the clock and the damper at the start of
     an epoch, and how many of the epoch's update records were in by then."""
 
-    loop: object
-    damper: object
+    loop: LoopState
+    damper: BaseDamper
     n_records: int
 
 
@@ -108,8 +109,8 @@ class AllReduce(ParameterServer):
             "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout)
         )
         stack.callback(lambda: setattr(self, "_store", None))  # the store's server stops with the object
-        scheduler = tcp_host(self.client.scheduler.address) or "127.0.0.1"
-        self._store_address = (get_ip(scheduler), self._store.port)
+        # the address this machine reaches the scheduler from: the workers reach the store there
+        self._store_address = (get_ip(get_address_host(self.client.scheduler.address)), self._store.port)
         self._payload_at = self.loop.n_updates
         super()._acquire(stack)
 
