@@ -240,6 +240,33 @@ def test_cluster_grows_with_geodamp_and_shrinks(data):
     np.testing.assert_allclose(_weights(grown), _weights(calm), rtol=1e-4, atol=1e-5)
 
 
+class StepDown(Constant):
+    """``batch_size`` for the first epoch, then a quarter of it (test only): the cluster shrinks mid-fit."""
+
+    def next_batch_size(self, state):
+        return self.forecast_batch_size(state.epoch)
+
+    def forecast_batch_size(self, epoch):
+        return int(self.batch_size) if epoch < 2 else int(self.batch_size) // 4
+
+
+def test_the_cluster_shrinks_mid_fit(data):
+    """The batch drops after two epochs: the engine retires workers (their blocks move first),
+    the replicas left form the next generation, and the trajectory stays the parameter server's."""
+    X, y = data
+    params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "max_epochs": 4, "random_state": 0}
+    with _cluster(1) as cluster, Client(cluster) as client:
+        calm = DaskClassifier(batch_size=StepDown(batch_size=128), client=client, scale_cluster=False,
+                              **params).fit(X, y)
+        est = DaskClassifier(batch_size=StepDown(batch_size=128), client=client, backend=AR, scale_cluster=True,
+                             grads_per_worker=32, max_workers=3, scale_wait=30.0, **params).fit(X, y)
+        workers = _workers_per_update(est)
+        peak = workers.index(max(workers))
+        assert max(workers) >= 2 and workers[-1] == 1 and min(workers[peak:]) == 1, workers
+    np.testing.assert_allclose(_weights(est), _weights(calm), rtol=1e-4, atol=1e-5)
+    assert est.history_[-1]["n_samples_seen"] == calm.history_[-1]["n_samples_seen"]
+
+
 class KillInBackward(torch.nn.Module):
     """An MLP whose worker SIGKILLs itself in the middle of a backward pass once ``marker`` exists
     (the first worker to claim it), while the others already all-reduce their first buckets."""
