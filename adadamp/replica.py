@@ -239,24 +239,10 @@ class Replica:
 
     # ------------------------------------------------------------------ state
     def dump(self) -> bytes:
-        """Weights, running statistics, optimizer state and the update count (``torch.save``)."""
-        buf = io.BytesIO()
-        torch.save({
-            "flat": self.state.flat.detach().cpu(),
-            "buffers": [b.detach().cpu() for b in self.state.buffers],
-            "optimizer": self.optimizer.state_dict(),
-            "applied": self.applied,
-        }, buf)
-        return buf.getvalue()
+        return dump_state(self.state.flat, self.state.buffers, self.optimizer, self.applied)
 
     def load(self, blob: bytes) -> None:
-        saved = torch.load(io.BytesIO(blob), weights_only=True)
-        with torch.no_grad():
-            self.state.flat.copy_(saved["flat"])
-            for b, v in zip(self.state.buffers, saved["buffers"]):
-                b.copy_(v)
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.applied, self.pending = int(saved["applied"]), None
+        self.applied, self.pending = load_state(blob, self.state.flat, self.state.buffers, self.optimizer), None
 
     def take_step(self, step: np.ndarray | None, strict: bool = True) -> None:
         """Take the step ``step`` names unless it was taken already (steps are numbered).
@@ -391,6 +377,38 @@ class Replica:
         self.buckets.close()
         self.group = None
         self._store = None
+
+
+def dump_state(flat: torch.Tensor, buffers: list[torch.Tensor], optimizer, applied: int) -> bytes:
+    """A replica's state as bytes (``torch.save``): weights, running statistics, optimizer state and
+    the update count.  Replicas broadcast it to joiners; the client's committed copy is one too."""
+    buf = io.BytesIO()
+    torch.save({
+        "flat": flat.detach().cpu(),
+        "buffers": [b.detach().cpu() for b in buffers],
+        "optimizer": optimizer.state_dict(),
+        "applied": int(applied),
+    }, buf)
+    return buf.getvalue()
+
+
+def load_state(blob: bytes, flat: torch.Tensor, buffers: list[torch.Tensor], optimizer,
+               keep_groups: bool = False) -> int:
+    """Load what :func:`dump_state` wrote (``weights_only``); returns its update count.
+
+    ``keep_groups``: keep the optimizer's own param groups (the client's: its learning-rate
+    schedule), taking only the per-parameter state.
+    """
+    saved = torch.load(io.BytesIO(blob), weights_only=True)
+    with torch.no_grad():
+        flat.copy_(saved["flat"])
+        for b, v in zip(buffers, saved["buffers"]):
+            b.copy_(v)
+    state = saved["optimizer"]
+    if keep_groups:
+        state["param_groups"] = optimizer.state_dict()["param_groups"]
+    optimizer.load_state_dict(state)
+    return int(saved["applied"])
 
 
 def _warm_up() -> None:

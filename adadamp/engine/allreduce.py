@@ -49,10 +49,10 @@ from ..exceptions import CollectiveError, NoWorkersError
 from ..optimizer_plan import apply_plan, group_settings
 from ..parameters import flatten_parameters, float_buffers
 from ..records import ShareRequest, epoch_row
-from ..replica import step_vector
+from ..replica import dump_state, load_state, step_vector
 from .aggregation import Totals
 from .parameter_server import MAX_RECOMPUTES, ParameterServer, dropout_seed
-from .sampler import LoopState
+from .sampler import LoopState, Sampler
 from .transport import LOST
 
 logger = logging.getLogger(__name__)
@@ -172,7 +172,6 @@ class AllReduce(ParameterServer):
                     raise r
             if not lost:
                 self._group, self._current, self._step = workers, set(workers), None
-                self.group_rank = {w: k for k, w in enumerate(order)}
                 logger.info("all-reduce group %d formed: %d workers in %.3f s", self.generation, len(order),
                             time.perf_counter() - t0)
                 return
@@ -209,15 +208,8 @@ class AllReduce(ParameterServer):
 
     # ------------------------------------------------------------------ commits
     def _client_state(self) -> bytes:
-        """The client's committed copy, as a replica's state (``torch.save``)."""
-        buf = io.BytesIO()
-        torch.save({
-            "flat": self.flat.detach().clone(),
-            "buffers": [b.detach().clone() for b in self._buffers],
-            "optimizer": self.optimizer.state_dict(),
-            "applied": self.loop.n_updates,
-        }, buf)
-        return buf.getvalue()
+        """The client's committed copy, as a replica's state."""
+        return dump_state(self.flat, self._buffers, self.optimizer, self.loop.n_updates)
 
     def _set_commit(self, n_records: int) -> None:
         self._commit = Commit(copy.copy(self.loop), copy.deepcopy(self.damper), n_records)
@@ -229,7 +221,7 @@ class AllReduce(ParameterServer):
                        self.loop.n_updates, self._commit.loop.n_updates)
         self.loop.__dict__.update(copy.copy(self._commit.loop).__dict__)
         self.damper.__dict__.update(copy.deepcopy(self._commit.damper).__dict__)
-        self.sampler = type(self.sampler)(self.loop)
+        self.sampler = Sampler(self.loop)
         self._step = None
 
     def sync(self, take_step: bool = True) -> None:
@@ -252,7 +244,7 @@ class AllReduce(ParameterServer):
             self._current -= set(lost)
             good = by_worker[source]
             if not isinstance(good, BaseException):
-                self._load(good["state"])
+                load_state(good["state"], self.flat, self._buffers, self.optimizer, keep_groups=True)
                 self._step = None
                 if lost:
                     self.members.refresh(force=True, lost=tuple(lost))
@@ -260,16 +252,6 @@ class AllReduce(ParameterServer):
             candidates = [w for w in candidates if w in self._current]
         if self._step is not None or self.loop.n_updates != self._commit.loop.n_updates:
             raise NoWorkersError("every replica was lost before the client's copy could be brought up to date")
-
-    def _load(self, blob: bytes) -> None:
-        saved = torch.load(io.BytesIO(blob), weights_only=True)
-        with torch.no_grad():
-            self.flat.copy_(saved["flat"])
-            for b, v in zip(self._buffers, saved["buffers"]):
-                b.copy_(v)
-        state = saved["optimizer"]
-        state["param_groups"] = self.optimizer.state_dict()["param_groups"]  # the client's schedule stays
-        self.optimizer.load_state_dict(state)
 
     # ------------------------------------------------------------------ training
     def _reduce(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None) -> tuple[Totals, float]:
