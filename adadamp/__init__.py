@@ -23,7 +23,9 @@ _EXPORTS = {
     "LRScheduler": "callbacks",
     "TensorBoard": "loggers",
     "MLflowLogger": "loggers",
+    "MlflowLogger": "loggers",  # skorch's spelling
     "ProgressBar": "callbacks",
+    "close_embedded_cluster": "cluster",
     **{
         name: "dampers"
         for name in (
@@ -74,6 +76,7 @@ __all__ = [
     "SchedulerLostError",
     "Seesaw",
     "TensorBoard",
+    "close_embedded_cluster",
     "dampers",
     "plot",
     "simulate",

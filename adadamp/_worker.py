@@ -49,7 +49,7 @@ HANDLERS = ("adadamp_setup", "adadamp_data", "adadamp_gradient", "adadamp_releas
 # here instead of competing for the worker's cores.
 _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adadamp-compute")
 _FITS: dict[str, _FitState] = {}
-_WORKER = {"host": None, "nthreads": 1, "address": None}  # this process's worker: channel host, torch threads
+_WORKER = {"host": None, "nthreads": 1, "address": None, "worker": None}  # this process's worker, its channel host
 INLINE_SECONDS = 0.1  # gradients faster than this run on the worker's event loop
 IDLE_SECONDS = IDLE_TIMEOUT  # a fit with no request for this long is dropped (its client is gone)
 
@@ -80,7 +80,7 @@ class _FitState:
             self.data = ResidentData(self.n_total, self.device)
 
     @property
-    def block_index(self) -> dict[int, np.ndarray]:
+    def block_index(self) -> dict[int, range]:
         return self.data.block_index
 
     def update_blocks(self, add, drop, borrowed: bool = False) -> None:
@@ -137,7 +137,7 @@ class TrainerPlugin(WorkerPlugin):
     def setup(self, worker) -> None:
         _set_native_malloc()
         nthreads = max(1, int(getattr(worker.state, "nthreads", 1)))
-        _WORKER.update(host=tcp_host(worker.address), nthreads=nthreads, address=worker.address)
+        _WORKER.update(host=tcp_host(worker.address), nthreads=nthreads, address=worker.address, worker=worker)
         torch.set_num_threads(nthreads)  # the event loop thread (quick gradients)
         _EXECUTOR.submit(_compute_thread_start).result()
         for op in HANDLERS:
@@ -152,6 +152,19 @@ async def _run(fn, *args):
     return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, fn, *args)
 
 
+def _unpickle(payload: bytes, what: str):
+    """``cloudpickle.loads``; a class whose module this worker cannot import is named with the fixes."""
+    try:
+        return cloudpickle.loads(payload)
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            f"Worker {_WORKER.get('address')} cannot import {err.name!r}, which {what} of this fit needs. Install it "
+            f"where the workers run, send its file with client.upload_file(...), or have it pickled by value: "
+            f"cloudpickle.register_pickle_by_value({err.name}) before the fit.",
+            name=err.name,
+        ) from err
+
+
 async def _adadamp_setup(
     fit_id: str, payload, n_total: int, shared: dict | None = None, channel: bool = False, dataset=None,
     replica: dict | None = None,
@@ -161,27 +174,27 @@ async def _adadamp_setup(
     With ``channel`` (and a ``tcp://`` worker) also open the fit's gradient
     channel; the reply carries its port and token.  ``dataset``: a lazy torch
     Dataset and how to load it (pickled), read here example by example.
-    ``replica`` (an all-reduce fit, whose payload also holds the optimizer): the client's
-    store address, the collective timeout, the bucket size and the update count of the
-    payload's state (:class:`~adadamp.replica.Replica`); only the training data is mapped then.
+    ``replica`` (an all-reduce fit, whose payload also holds the optimizer): the collective
+    timeout, the bucket size and the update count of the payload's state
+    (:class:`~adadamp.replica.Replica`); only the training data is mapped then.
     """
     _close_fit(fit_id)
 
     def build():
-        module, criterion, device, *optimizer = cloudpickle.loads(payload)
+        module, criterion, device, *optimizer = _unpickle(payload, "the module, criterion or optimizer")
         device = torch.device(device)
         module = module.to(device)
         module.train()
         flat, grads = flatten_parameters(module)
         state = _FitState(module, criterion, device, flat, grads, int(n_total), buffers=float_buffers(module))
         if dataset is not None:
-            state.loader = ExampleLoader(**cloudpickle.loads(dataset), where=f"worker {_WORKER['address']}")
+            state.loader = ExampleLoader(**_unpickle(dataset, "the Dataset"), where=f"worker {_WORKER['address']}")
         mapped = None if shared is None or replica is not None else attach(shared, flat.numel())
         if replica is not None:
             data = attach_data(shared) if shared is not None and device.type == "cpu" else None
             if data is not None:
                 state.data.share(data["X"], data["y"])
-            state.replica = Replica(state, optimizer[0], fit_id=fit_id, **replica)
+            state.replica = Replica(state, optimizer[0], fit_id=fit_id, worker=_WORKER["worker"], **replica)
         if mapped is not None:
             weights, gradient = (torch.from_numpy(a) for a in mapped)
             if device.type == "cpu":

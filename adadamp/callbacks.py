@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-import time
+import sys
 import warnings
 
 import torch
@@ -60,7 +60,8 @@ class Callback(BaseEstimator):
         """Before each epoch."""
 
     def on_update_end(self, estimator, record=None, **info) -> None:
-        """After each model update; ``record`` is the update's row of ``history_``."""
+        """After each model update; ``record`` is the update's row of ``history_``, ``eta`` (in
+        ``info``) the estimated seconds left in the call."""
 
     def on_epoch_end(self, estimator, row=None, **info) -> None:
         """After each epoch; ``row`` is the epoch's row of ``history_``."""
@@ -204,8 +205,16 @@ class ProgressBar(Callback):
 
     The number of updates per epoch changes with the batch size, so the bar
     counts examples and shows the batch size, workers, loss and, from the
-    second epoch on, the fit's estimated time left (``left``: the damper's
-    coming batch sizes times the update time measured so far).
+    first updates on, the fit's estimated time left (``left``: the damper's
+    coming batch sizes times the update time measured so far).  Where stderr
+    is not a terminal (a log file, a batch job's output) it redraws at most
+    every ``mininterval`` seconds.
+
+    Parameters
+    ----------
+    mininterval : float, default=10.0
+        Seconds between redraws where stderr is not a terminal (on a terminal
+        or in a notebook: tqdm's 0.1 s).
 
     Examples
     --------
@@ -213,23 +222,33 @@ class ProgressBar(Callback):
     >>> est = DaskClassifier(callbacks=[ProgressBar()])
     """
 
+    def __init__(self, mininterval: float = 10.0):
+        self.mininterval = mininterval
+
+    def check_params(self) -> None:
+        if not (isinstance(self.mininterval, int | float) and self.mininterval >= 0):
+            raise ValueError(f"ProgressBar's mininterval must be a number of seconds >= 0; got {self.mininterval!r}.")
+
     def on_epoch_begin(self, estimator, n_data=None, epoch=None, eta=None, **info) -> None:
         with warnings.catch_warnings():
             # In Jupyter without ipywidgets, tqdm.auto warns and uses the text bar, which works there too.
             warnings.filterwarnings("ignore", message="IProgress not found")
             from tqdm.auto import tqdm
+            from tqdm.notebook import tqdm as notebook_bar
 
-        self.bar_ = tqdm(total=n_data, desc=f"epoch {epoch}", unit="ex", leave=False)
-        self.eta_, self.started_ = eta, time.monotonic()  # the fit's time left at the epoch's start
+        live = issubclass(tqdm, notebook_bar) or _isatty(sys.stderr) or _jupyter_stream(sys.stderr)
+        self.bar_ = tqdm(total=n_data, desc=f"epoch {epoch}", unit="ex", leave=False,
+                         mininterval=0.1 if live else self.mininterval)
 
-    def on_update_end(self, estimator, record=None, **info) -> None:
-        self.bar_.update(record["batch_size"])
+    def on_update_end(self, estimator, record=None, eta=None, **info) -> None:
         postfix = {"batch": record["batch_size"], "workers": record["n_workers"], "loss": f"{record['loss']:.4g}"}
-        if self.eta_ is not None:  # the fit's time left, from the schedule and the measured update times
-            postfix["left"] = f"{max(0.0, self.eta_ - (time.monotonic() - self.started_)):.0f}s"
-        self.bar_.set_postfix(postfix)
+        if eta is not None:  # the fit's time left, from the schedule and the measured update times
+            postfix["left"] = f"{eta:.0f}s"
+        self.bar_.set_postfix(postfix, refresh=False)  # drawn with the update, at tqdm's pace
+        self.bar_.update(record["batch_size"])
 
     def on_epoch_end(self, estimator, **info) -> None:
+        self.bar_.refresh()  # the epoch's last state, drawn once whatever the pace
         self.bar_.close()
 
     def __getstate__(self):
@@ -237,6 +256,17 @@ class ProgressBar(Callback):
         state.pop("bar_", None)
         return state
 
+
+def _jupyter_stream(stream) -> bool:
+    """A Jupyter kernel's output stream (a notebook without ipywidgets draws the text bar live)."""
+    return type(stream).__module__.split(".")[0] == "ipykernel"
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
 
 
 class LRScheduler(Callback):

@@ -14,8 +14,12 @@ The worker hands a per-fit secret key to the client over Dask's own comm
 (trusted, DESIGN.md §4); on the socket each side proves it holds the key
 with an HMAC over the other side's random challenge, so neither a local
 process that connects first nor one that answers in the worker's place can
-take part.  The listener keeps accepting (up to ``ACCEPT_TIMEOUT``) until a
-peer authenticates.  Every size in a message is checked against what the fit
+take part.  The listener runs the handshakes of all who connect side by side,
+each with ``AUTH_TIMEOUT`` to answer, so connections that stay silent cannot
+keep the client out; it closes once a peer authenticates, or after
+``ACCEPT_TIMEOUT``.  A channel nobody authenticated on costs only itself: the
+client then sends that worker's gradients as Dask RPCs, and the fit stays on
+the worker.  Every size in a message is checked against what the fit
 can need before anything is allocated, and a worker's error travels as
 length-capped UTF-8 text: nothing received is unpickled.  Channels are used
 for ``tcp://`` workers only: clusters with TLS or another transport keep
@@ -32,6 +36,7 @@ import hashlib
 import hmac
 import math
 import secrets
+import selectors
 import socket
 import struct
 import threading
@@ -55,8 +60,9 @@ MAX_STEP = 4096  # step values an all-reduce request may carry (two per optimize
 TOKEN_BYTES = 32  # the per-fit key
 NONCE_BYTES = 16
 MAC = hashlib.sha256
-ACCEPT_TIMEOUT = 120.0  # a channel nobody authenticates on is closed after this long
-AUTH_TIMEOUT = 10.0  # seconds a connecting peer has to prove it holds the key
+ACCEPT_TIMEOUT = 120.0  # a listener nobody authenticates on is closed after this long (not the fit)
+AUTH_TIMEOUT = 5.0  # seconds a connecting peer has to prove it holds the key
+MAX_PENDING = 64  # handshakes under way at once; a new connection beyond them replaces the oldest
 IDLE_TIMEOUT = 3600.0  # a channel with no request for this long is closed (its fit dropped)
 MAX_ERROR_BYTES = 65536
 MAX_CHUNKS = 1 << 16
@@ -108,16 +114,37 @@ def _as_bytes(array: np.ndarray) -> memoryview:
 
 
 # --------------------------------------------------------------------------- worker side
+class _Handshake:
+    """A connection's progress through the worker's challenge: its answer so far, and until when."""
+
+    def __init__(self, challenge: bytes, deadline: float):
+        self.challenge = challenge
+        self.deadline = deadline
+        self.answer = bytearray(NONCE_BYTES + MAC().digest_size)
+        self.got = 0
+
+
+def _give_up(selector: selectors.BaseSelector, pending: dict, conn: socket.socket, close: bool = True) -> None:
+    """Stop watching a connection's handshake (and hang up on it)."""
+    del pending[conn]
+    with contextlib.suppress(KeyError, ValueError):
+        selector.unregister(conn)
+    if close:
+        conn.close()
+
+
 class ChannelServer:
     """Serves one fit's gradient requests on a worker, in a thread of its own.
 
     ``compute(weights, indices, n_chunks, seed, epoch, ahead, step)`` returns the reply fields as
     a dict with numpy arrays; it runs in this thread, so the worker's event
     loop (heartbeats, Dask RPCs) keeps running while a gradient is computed.
-    ``on_close()`` runs once when the channel ends for any reason (the client
-    closed it or died, nobody authenticated, it sat idle for ``idle_timeout``):
-    the worker then drops the fit.  Requests for more than ``max_indices``
-    examples are refused.
+    ``on_close()`` runs once when a channel the client sent requests on ends
+    (the client closed it or died, it sat idle for ``idle_timeout``): the
+    worker then drops the fit.  A channel that was never used (nobody
+    authenticated, or the client gave up on it) closes without it: the
+    client sends that worker's gradients as Dask RPCs then.  Requests for more
+    than ``max_indices`` examples are refused.
     """
 
     def __init__(
@@ -143,6 +170,7 @@ class ChannelServer:
         self._on_close = on_close
         self._idle_timeout = idle_timeout
         self._conn: socket.socket | None = None
+        self._used = False  # a request came in: the client uses this channel
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="adadamp-channel", daemon=True)
         self._thread.start()
@@ -159,7 +187,7 @@ class ChannelServer:
     def _serve(self) -> None:
         try:
             conn = self._accept()
-            if conn is None:
+            if conn is None:  # nobody proved the key in time: only the listener closes
                 return
             self._on_start()
             conn.settimeout(self._idle_timeout)
@@ -169,47 +197,94 @@ class ChannelServer:
             pass
         finally:
             self.close()
-            if self._on_close is not None:
+            if self._used and self._on_close is not None:
                 self._on_close()
 
     def _accept(self) -> socket.socket | None:
-        """The first connection that proves it holds the key; others are closed and forgotten."""
+        """The first connection that proves it holds the key; others are closed and forgotten.
+
+        All handshakes run at once on one selector, each with ``AUTH_TIMEOUT`` to answer, so a
+        silent connection delays nobody; None when no peer proves the key within ``ACCEPT_TIMEOUT``.
+        """
         deadline = time.monotonic() + ACCEPT_TIMEOUT
-        while not self._closed.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            self._listener.settimeout(left)
+        pending: dict[socket.socket, _Handshake] = {}  # oldest first
+        with selectors.DefaultSelector() as selector:
             try:
-                conn, _ = self._listener.accept()
-            except OSError:  # closed, or nobody came in time
+                self._listener.setblocking(False)
+                selector.register(self._listener, selectors.EVENT_READ)
+                while not self._closed.is_set():
+                    now = time.monotonic()
+                    for conn in [c for c, h in pending.items() if h.deadline <= now]:
+                        _give_up(selector, pending, conn)
+                    if now >= deadline:
+                        return None
+                    wait = min(deadline, now + 1.0, *(h.deadline for h in pending.values())) - now
+                    for key, _ in selector.select(wait):
+                        if key.fileobj is self._listener:
+                            self._start_handshake(selector, pending)
+                        elif key.fileobj in pending and self._handshake(selector, pending, key.fileobj):
+                            self._conn = key.fileobj
+                            return self._conn
+            except OSError:  # the listener was closed, or the client proved its key but could not be answered
                 return None
-            try:
-                conn.settimeout(AUTH_TIMEOUT)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                challenge = secrets.token_bytes(NONCE_BYTES)
-                conn.sendall(challenge)
-                answer = bytearray(NONCE_BYTES + MAC().digest_size)
-                recv_exactly(conn, memoryview(answer))
-                theirs, mac = bytes(answer[:NONCE_BYTES]), bytes(answer[NONCE_BYTES:])
-                if not hmac.compare_digest(mac, _mac(self.token, b"client", challenge, theirs)):
-                    raise ChannelAuthError("wrong key")
-                # Close the listener before the client learns it is in: once its Channel() returns,
-                # nobody else can connect (closing after the proof left a window for a third party).
-                self._listener.close()
-                conn.sendall(_mac(self.token, b"worker", theirs, challenge))
-            except (OSError, EOFError):
-                with contextlib.suppress(OSError):
+            finally:
+                for conn in pending:
                     conn.close()
-                if self._listener.fileno() == -1:  # the client proved its key but could not be answered
-                    return None
-                continue
-            self._conn = conn
-            return conn
         return None
+
+    def _start_handshake(self, selector: selectors.BaseSelector, pending: dict) -> None:
+        try:
+            conn, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):  # the peer left the queue meanwhile
+            return
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.setblocking(False)
+            challenge = secrets.token_bytes(NONCE_BYTES)
+            if conn.send(challenge) != NONCE_BYTES:  # a fresh socket's buffer takes 16 bytes
+                raise ConnectionError("challenge not sent")
+            selector.register(conn, selectors.EVENT_READ)
+        except OSError:
+            conn.close()
+            return
+        pending[conn] = _Handshake(challenge, time.monotonic() + AUTH_TIMEOUT)
+        if len(pending) > MAX_PENDING:
+            _give_up(selector, pending, next(iter(pending)))
+
+    def _handshake(self, selector: selectors.BaseSelector, pending: dict, conn: socket.socket) -> bool:
+        """Read what ``conn`` sent; True once it proved the key and was answered (it is the client's)."""
+        h = pending[conn]
+        try:
+            n = conn.recv_into(memoryview(h.answer)[h.got :])
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            n = 0
+        if n == 0:  # hung up
+            _give_up(selector, pending, conn)
+            return False
+        h.got += n
+        if h.got < len(h.answer):
+            return False
+        _give_up(selector, pending, conn, close=False)
+        theirs, mac = bytes(h.answer[:NONCE_BYTES]), bytes(h.answer[NONCE_BYTES:])
+        if not hmac.compare_digest(mac, _mac(self.token, b"client", h.challenge, theirs)):
+            conn.close()
+            return False
+        # Close the listener before the client learns it is in: once its Channel() returns,
+        # nobody else can connect (closing after the proof left a window for a third party).
+        self._listener.close()
+        try:
+            conn.settimeout(AUTH_TIMEOUT)
+            conn.sendall(_mac(self.token, b"worker", theirs, h.challenge))
+        except OSError:
+            conn.close()
+            raise
+        return True
 
     def _serve_one(self, conn: socket.socket) -> bool:
         n_idx, n_chunks, seed, n_weights, epoch, n_ahead, n_step = _recv_header(conn, REQUEST)
+        self._used = True
         if n_idx < 0:
             return False
         if (

@@ -159,7 +159,7 @@ def load(path: str | os.PathLike) -> dict:
     -------
     dict
         ``module`` and ``optimizer`` (state dicts), ``damper`` (the damper's
-        fitted state, for :func:`restore_damper`), ``loop`` (the epoch clock
+        fitted state and this file's name, for :func:`restore_damper`), ``loop`` (the epoch clock
         and sampler position), ``history``, ``epoch_updates`` and ``targets``.
 
     Raises
@@ -198,6 +198,8 @@ def load(path: str | os.PathLike) -> dict:
             ) from err
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not an adadamp checkpoint of format {FORMAT}.")
+    if isinstance(payload.get("damper"), dict):
+        payload["damper"]["file"] = str(path)  # for restore_damper's messages
     targets = payload["targets"]
     if "classes_" in targets:
         targets["classes_"] = np.asarray(targets["classes_"]["values"], dtype=np.dtype(targets["classes_"]["dtype"]))
@@ -235,18 +237,66 @@ def damper_state(damper) -> dict:
 
 
 def restore_damper(damper, saved: dict) -> None:
-    """Put a fitted state from :func:`damper_state` on a damper built from the same parameters."""
-    mine, theirs = _class_names(damper), saved["classes"]
-    if mine[0] not in theirs and theirs[0] not in mine:  # the same schedule, or one derived from the other
-        raise ValueError(
-            f"The checkpoint was written for the batch-size schedule {theirs[0]}; this estimator has "
-            f"{mine[0]}. Pass the batch_size it was trained with, or another checkpoint path."
+    """Put a fitted state from :func:`damper_state` on a damper built from the same parameters.
+
+    Only the fitted attributes the rebuilt damper has itself are set, on the damper (or on
+    its nested schedules), each with a value of the kind it holds now: a file cannot reach a
+    class, a function or a parameter through an attribute name.
+
+    Raises
+    ------
+    ValueError
+        The state is for another schedule, or names or values something else (the message
+        names the file when it came from :func:`load`).
+    """
+    source = saved.get("file", "the checkpoint") if isinstance(saved, dict) else "the checkpoint"
+    _restore_fitted(damper, saved, source, type(damper).__name__)
+
+
+def _restore_fitted(damper, saved, source: str, where: str) -> None:
+    def refuse(why: str):
+        return ValueError(
+            f"Refusing the damper state in {source}: {why}. adadamp writes only the damper's own fitted "
+            "attributes; the file was changed or written by another program. Delete it to start afresh."
         )
+
+    if not (isinstance(saved, dict) and isinstance(saved.get("classes"), list) and isinstance(saved.get("fitted"), dict)):
+        raise refuse(f"{where} is not a damper state")
+    mine, theirs = _class_names(damper), saved["classes"]
+    if mine[0] not in theirs and (not theirs or theirs[0] not in mine):  # the same schedule, or one derived
+        raise ValueError(
+            f"The checkpoint {source} was written for the batch-size schedule {theirs[0] if theirs else '?'}; "
+            f"this estimator has {mine[0]}. Pass the batch_size it was trained with, or another checkpoint path."
+        )
+    declared = {k: v for k, v in vars(damper).items() if k.endswith("_") and not k.startswith("_")}
     for attr, entry in saved["fitted"].items():
-        if "damper" in entry:
-            restore_damper(getattr(damper, attr), entry["damper"])
+        name = f"{where}.{attr}"
+        if attr not in declared:
+            raise refuse(f"{name} is not a fitted attribute of {type(damper).__name__}")
+        current = declared[attr]
+        if isinstance(entry, dict) and entry.keys() == {"damper"}:
+            if not hasattr(current, "next_batch_size") or isinstance(current, type):
+                raise refuse(f"{name} is not a nested schedule")
+            _restore_fitted(current, entry["damper"], source, name)
+        elif isinstance(entry, dict) and entry.keys() == {"value"}:
+            value = _numpy(entry["value"])
+            other_kind = current is not None and value is not None and _kind(current) != _kind(value)
+            if not _is_plain(current) or not _is_plain(value) or other_kind:
+                raise refuse(f"{name} holds {type(current).__name__}, the file gives {type(value).__name__}")
+            setattr(damper, attr, value)
         else:
-            setattr(damper, attr, _numpy(entry["value"]))
+            raise refuse(f"{name} is neither a value nor a nested schedule")
+
+
+def _kind(value) -> str:
+    """The kind of a plain value, as far as a damper attribute may change between a fresh and a fitted damper."""
+    if isinstance(value, bool | int | float | np.number):
+        return "number"
+    if isinstance(value, np.ndarray | torch.Tensor):
+        return "array"
+    if isinstance(value, list | tuple):
+        return "sequence"
+    return type(value).__name__
 
 
 def _class_names(damper) -> list[str]:

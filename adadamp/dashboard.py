@@ -5,9 +5,13 @@ starts, its update records in batches (at most every half second, less often as 
 on, so a fit stays within the scheduler's event log) and each epoch's row.  The scheduler keeps
 them; the page reads them there.  The page is two HTTP routes on the dashboard's own server,
 added through Dask's documented extension point, the config key
-``distributed.scheduler.http.routes``: list ``"adadamp.dashboard"`` there before the scheduler
-starts (the embedded cluster does so; for a cluster of yours see the monitoring guide).  Its
-plots are Bokeh figures, as Dask's pages, that poll the fit's JSON once a second.
+``distributed.scheduler.http.routes`` (the embedded cluster lists ``"adadamp.dashboard"`` there),
+or, on a scheduler started without it, by a scheduler plugin that each fit registers
+(:func:`serve`: tornado's ``add_handlers`` on the scheduler's HTTP application, once).  Its plots
+are Bokeh figures, as Dask's pages, that poll the fit's JSON once a second.  The page embeds what
+fits published (names, parameters) as text only: a fit id is checked against :data:`FIT_ID`, JSON
+in the page's script has ``<``, ``>`` and ``&`` escaped, and the tables are built with
+``textContent``.
 
 Publishing needs nothing on the scheduler: with no page installed, no Bokeh or no dashboard the
 fit runs the same, and a publication that fails is dropped, never raised.
@@ -15,11 +19,18 @@ fit runs the same, and a publication that fails is dropped, never raised.
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import math
+import re
 import time
 import uuid
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.http.utils import RequestHandler, get_handlers
+from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+from tornado.web import HTTPError
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +38,8 @@ logger = logging.getLogger(__name__)
 TOPIC = "adadamp"
 UPDATE_FIELDS = ("batch_size", "lr", "n_workers", "loss", "compute_time", "comm_time", "step_time", "update_time")
 MAX_POINTS = 2000  # per series sent to the page (longer fits are thinned evenly)
+#: What a fit id looks like (``Publisher`` draws 12 hex digits); the page refuses anything else.
+FIT_ID = re.compile(r"[0-9a-f]{12}")
 
 
 # --------------------------------------------------------------------------- client side
@@ -41,6 +54,9 @@ class Publisher:
         self._pending: list[dict] = []
         self._last_flush = time.monotonic()
         self._broken = False
+        page = serve(client)
+        #: This fit's page (``http://.../adadamp?fit=ID``), or None where the scheduler serves none.
+        self.url = None if page is None else f"{page}?fit={self.fit}"
         self._send(TOPIC, {"kind": "start", "fit": self.fit, "name": name, "params": params, "n_data": n_data,
                            "epochs": epochs, "time": self.start})
 
@@ -69,6 +85,7 @@ class Publisher:
         self._last_flush = time.monotonic()
 
     def epoch(self, row: dict, eta: float | None) -> None:
+        """Publish an epoch's ``row``; ``eta``: the fit's seconds left at the epoch's end (None: unknown)."""
         self.flush()
         fields = {k: _number(v) for k, v in row.items() if k != "updates" and _plain(_number(v))}
         self._send(self.topic, {"kind": "epoch", "row": fields, "eta": None if eta is None else float(eta),
@@ -133,7 +150,7 @@ def fit_data(scheduler, fit: str) -> dict:
         "valid_loss": last.get("valid_loss"),
         "batch_size": last.get("batch_size", updates[-1].get("batch_size") if updates else None),
         "workers": updates[-1].get("n_workers") if updates else None,
-        "eta_s": None if end is not None or not epochs else _left(last),
+        "eta_s": None if end is not None else last.get("eta"),
         "state": "running" if end is None else ("failed: " + end["error"] if end.get("error") else "finished"),
         "elapsed_s": (end or {}).get("time", updates[-1]["time"] if updates else 0.0),
     }
@@ -153,11 +170,6 @@ def fit_data(scheduler, fit: str) -> dict:
     }
 
 
-def _left(last_epoch: dict) -> float | None:
-    eta = last_epoch.get("eta")
-    return None if eta is None else max(0.0, eta - last_epoch.get("dur", 0.0))
-
-
 def _json(value) -> str:
     """JSON with NaN and infinity as null (browsers' JSON.parse refuses them)."""
 
@@ -173,18 +185,32 @@ def _json(value) -> str:
     return json.dumps(clean(value))
 
 
-try:  # the routes need the scheduler's HTTP server (tornado) and Bokeh, as Dask's dashboard does
-    from distributed.http.utils import RequestHandler
-except ImportError:  # pragma: no cover
-    RequestHandler = object  # type: ignore[assignment,misc]
+def _script_json(value) -> str:
+    """JSON to put inside an HTML ``<script>``: ``<``, ``>`` and ``&`` escaped, so that no string in it
+    can close the script (``</script>``) or open a comment."""
+    return _json(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-class TrainingData(RequestHandler):
+class _FitHandler(RequestHandler):
+    def chosen_fit(self, fits: list[dict]) -> str | None:
+        """The ``fit`` argument, or the newest fit where there is none; a malformed id is a 400 (it
+        never reaches the page), an id no fit published a 404."""
+        fit = self.get_argument("fit", "")
+        if not fit:
+            return fits[0]["fit"] if fits else None
+        if not FIT_ID.fullmatch(fit):
+            raise HTTPError(400, reason="the 'fit' parameter is not a fit id (12 hex digits)")
+        if not any(f["fit"] == fit for f in fits):
+            raise HTTPError(404, reason="no fit with this 'fit' id published to this scheduler")
+        return fit
+
+
+class TrainingData(_FitHandler):
     """``/adadamp/data.json?fit=ID&what=updates|epochs|summary``: the page's data (JSON)."""
 
     def get(self):
         fits = fit_list(self.server)
-        fit = self.get_argument("fit", None) or (fits[0]["fit"] if fits else None)
+        fit = self.chosen_fit(fits)
         what = self.get_argument("what", "summary")
         self.set_header("Content-Type", "application/json")
         if fit is None:
@@ -198,19 +224,56 @@ class TrainingData(RequestHandler):
         self.write(_json({"fits": listed, **{k: v for k, v in data.items() if k not in ("updates", "epochs")}}))
 
 
-class TrainingPage(RequestHandler):
+class TrainingPage(_FitHandler):
     """``/adadamp``: live plots of the newest fit (or ``?fit=ID``), its parameters and progress."""
 
     def get(self):
-        fits = fit_list(self.server)
-        fit = self.get_argument("fit", None) or (fits[0]["fit"] if fits else "")
+        fit = self.chosen_fit(fit_list(self.server)) or ""
         base = self.request.path.rstrip("/") + "/data.json"
         self.set_header("Content-Type", "text/html")
         try:
             self.write(page_html(base, fit))
         except ImportError:
+            link = html.escape(base)
             self.write("<p>The adadamp training page needs Bokeh on the scheduler: <code>pip install bokeh</code> "
-                       f"(its data is at <a href='{base}'>{base}</a>).</p>")
+                       f"(its data is at <a href='{link}'>{link}</a>).</p>")
+
+
+#: The routes Dask's scheduler serves when ``"adadamp.dashboard"`` is in ``distributed.scheduler.http.routes``.
+routes = [("adadamp", TrainingPage, {}), ("adadamp/data.json", TrainingData, {})]
+
+
+class PageRoutes(SchedulerPlugin):
+    """Adds the page's routes to a running scheduler's HTTP server (one started without the route
+    config, e.g. a notebook's ``Client()``), unless it serves them already.  Registered under one
+    name and ``idempotent``, so that every fit may register it and the scheduler keeps the first."""
+
+    name = "adadamp-dashboard"
+    idempotent = True
+
+    def start(self, scheduler) -> None:
+        app = getattr(scheduler, "http_application", None)
+        if app is None:  # a scheduler without an HTTP server
+            return
+        request = HTTPServerRequest(start_line=RequestStartLine("GET", "/adadamp", "HTTP/1.1"),
+                                    headers=HTTPHeaders({"Host": "localhost"}))
+        served = app.find_handler(request).handler_class
+        if not issubclass(served, TrainingPage):
+            app.add_handlers(r".*$", get_handlers(scheduler, [__name__]))
+
+
+def serve(client) -> str | None:
+    """Make ``client``'s scheduler serve the page (:class:`PageRoutes`) and return its address, or None
+    (logged) where it cannot: no client, no dashboard, or a scheduler that cannot import adadamp."""
+    try:
+        link = client.dashboard_link
+        if not link:
+            return None
+        client.register_plugin(PageRoutes())
+    except Exception as err:  # noqa: BLE001 -- monitoring never stops a fit
+        logger.info("the scheduler does not serve the live training page (%r)", err)
+        return None
+    return (link[: -len("/status")] if link.endswith("/status") else link.rstrip("/")) + "/adadamp"
 
 
 def page_html(data_url: str, fit: str) -> str:
@@ -247,8 +310,8 @@ def page_html(data_url: str, fit: str) -> str:
         fig.legend.click_policy = "hide"
     script, div = components(gridplot([[loss, times], [batch, lr], [workers, None]]))
     resources = Resources(mode="inline", components=["bokeh"])  # Bokeh's JavaScript in the page (1.3 MB)
-    return _PAGE.format(resources=resources.render(), script=script, div=div, data_url=json.dumps(data_url),
-                        fit=json.dumps(fit))
+    return _PAGE.format(resources=resources.render(), script=script, div=div, data_url=_script_json(data_url),
+                        fit=_script_json(fit))
 
 
 _PAGE = """<!DOCTYPE html>
@@ -269,22 +332,27 @@ _PAGE = """<!DOCTYPE html>
 {script}
 <script>
 const dataUrl = {data_url}, fit = {fit};
-function cells(table, rows) {{
-  document.getElementById(table).innerHTML = rows.map(
-    ([k, v]) => `<tr><th>${{k}}</th><td id="${{table}}-${{k}}">${{v === null || v === undefined ? "" : v}}</td></tr>`
-  ).join("");
+function cells(table, rows) {{  // text only: what fits published is never parsed as HTML
+  document.getElementById(table).replaceChildren(...rows.map(([k, v]) => {{
+    const row = document.createElement("tr"), th = document.createElement("th"), td = document.createElement("td");
+    th.textContent = k;
+    td.id = table + "-" + k;
+    td.textContent = v === null || v === undefined ? "" : v;
+    row.append(th, td);
+    return row;
+  }}));
 }}
 function fmt(v, digits) {{ return (typeof v === "number") ? Number(v.toPrecision(digits)) : v; }}
 async function refresh() {{
   try {{
-    const r = await (await fetch(dataUrl + "?what=summary&fit=" + fit)).json();
+    const r = await (await fetch(dataUrl + "?what=summary&fit=" + encodeURIComponent(fit))).json();
     if (!r.fit) return;
     document.getElementById("name").textContent = r.name + " (fit " + r.fit + ")";
     document.getElementById("state").textContent = r.progress.state;
     const select = document.getElementById("fits");
-    select.innerHTML = r.fits.map(f => `<option value="${{f.fit}}" ${{f.fit === r.fit ? "selected" : ""}}>` +
-      `${{f.name}} ${{new Date(f.time * 1000).toLocaleTimeString()}}</option>`).join("");
-    select.onchange = () => {{ window.location.search = "?fit=" + select.value; }};
+    select.replaceChildren(...r.fits.map(f => new Option(
+      f.name + " " + new Date(f.time * 1000).toLocaleTimeString(), f.fit, false, f.fit === r.fit)));
+    select.onchange = () => {{ window.location.search = "?fit=" + encodeURIComponent(select.value); }};
     const p = r.progress;
     cells("progress", [["epoch", p.epoch + (p.epochs ? " / " + p.epochs : "")], ["updates", p.updates],
       ["examples_seen", p.examples_seen], ["train_loss", fmt(p.train_loss, 6)], ["valid_loss", fmt(p.valid_loss, 6)],
@@ -301,6 +369,3 @@ refresh(); setInterval(refresh, 1000);
 </script>
 </body></html>
 """
-
-#: The routes Dask's scheduler serves when ``"adadamp.dashboard"`` is in ``distributed.scheduler.http.routes``.
-routes = [("adadamp", TrainingPage, {}), ("adadamp/data.json", TrainingData, {})]

@@ -53,6 +53,7 @@ from .engine.session import KeptBackend
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .modules import MLP
 from .records import TrainingState
+from .sample_weight import SampleWeightedLoss, check_sample_weight, normalized, pack
 from .seeding import seeded
 
 __all__ = ["BaseDaskEstimator", "DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
@@ -93,6 +94,9 @@ class BaseDaskEstimator(BaseEstimator):
         Continue from the fitted state instead of starting afresh.
     random_state : int, RandomState or None, default=None
         Seeds the module's initial weights, the data order and dropout.
+        None draws the fit's seed from torch's global generator, so
+        ``torch.manual_seed(0)`` before a fit makes it reproducible, as in
+        PyTorch and skorch.
         Same seed and the same number of workers throughout the fit give
         bitwise the same weights, whichever workers and wherever the client
         runs; after workers change mid-fit, equal up to float summation
@@ -110,7 +114,10 @@ class BaseDaskEstimator(BaseEstimator):
         models and many workers).  Same data order, dampers and elasticity.
     client : distributed.Client or None, default=None
         The cluster to train on.  None uses the active client if there is
-        one, else starts a LocalCluster for the duration of the fit.
+        one, else the embedded cluster: one LocalCluster per process, which
+        the fits with no client share (started by the first, closed after 10
+        minutes without a fit, by :func:`adadamp.close_embedded_cluster` or
+        at exit).
     grads_per_worker : int, default=128
         Examples per worker per update when sizing the cluster.
     min_workers, max_workers : int, default=1 and None
@@ -156,7 +163,9 @@ class BaseDaskEstimator(BaseEstimator):
         ``ProgressBar`` (see :mod:`adadamp.callbacks`); parameters route as
         ``callbacks__<name>__<param>``.
     verbose : int, default=0
-        1 prints one line per epoch.
+        1 prints the live training page's address when the fit starts (0
+        logs it at INFO level), the estimated time left after the first
+        updates, and one line per epoch.
     **kwargs
         Routed parameters: ``module__*``, ``criterion__*``, ``optimizer__*``,
         ``batch_size__*``, ``callbacks__*``.
@@ -391,6 +400,20 @@ class BaseDaskEstimator(BaseEstimator):
         callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
         if not (isinstance(self.optimizer, type) and issubclass(self.optimizer, torch.optim.Optimizer)):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer class; got {self.optimizer!r}.")
+        closure = inspect.signature(self.optimizer.step).parameters.get("closure")
+        if closure is not None and closure.default is inspect.Parameter.empty:
+            raise ValueError(
+                f"optimizer={self.optimizer.__name__} needs a closure in step() (it evaluates the loss again within "
+                "an update), which data-parallel updates on the workers cannot give. Use a first-order optimizer "
+                "such as torch.optim.SGD or torch.optim.Adam."
+            )
+        # the optimizer's own checks (lr >= 0, ...) now, on one stand-in parameter, naming optimizer__*
+        routing.construct(self.optimizer, self._params_for("optimizer"), "optimizer", [torch.zeros(1, requires_grad=True)])
+        if self.client is not None and getattr(self.client, "status", "running") in ("closing", "closed"):
+            raise ValueError(
+                f"client= is closed (status {self.client.status!r}): pass a running distributed.Client, or "
+                "client=None to use the current one or the embedded cluster."
+            )
 
     # ------------------------------------------------------------------ build
     def _build_damper(self, n_data: int) -> BaseDamper:
@@ -462,7 +485,7 @@ class BaseDaskEstimator(BaseEstimator):
         return np.ascontiguousarray(X), y, features
 
     # -------------------------------------------------------------- training
-    def fit(self, X, y=None, **fit_params) -> BaseDaskEstimator:
+    def fit(self, X, y=None, sample_weight=None, **fit_params) -> BaseDaskEstimator:
         """Train for ``max_epochs`` epochs (afresh unless ``warm_start``).
 
         Parameters
@@ -477,6 +500,11 @@ class BaseDaskEstimator(BaseEstimator):
         y : array-like of shape (n_samples,) or (n_samples, n_targets)
             Targets: labels for the classifier, numbers for the regressor.
             None when ``X`` is a torch Dataset.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights of the examples: the trained loss is the
+            weighted mean ``sum(w * loss) / sum(w)`` of each batch (with the
+            criterion's class weights, if any, multiplied in).  A dask array
+            when ``X`` is one.  Not with a torch Dataset.
         **fit_params
             ``classes`` (:class:`DaskClassifier` only): every label, when
             ``y`` may not contain all of them.
@@ -507,9 +535,10 @@ class BaseDaskEstimator(BaseEstimator):
         3
         """
         warm = self.warm_start and _is_fitted(self)
-        return self._fit(X, y, epochs=self.max_epochs, fresh=not warm, **fit_params)
+        return self._fit(X, y, epochs=self.max_epochs, fresh=not warm, sample_weight=sample_weight,
+                         **self._check_fit_params(fit_params))
 
-    def partial_fit(self, X, y=None, **fit_params) -> BaseDaskEstimator:
+    def partial_fit(self, X, y=None, sample_weight=None, **fit_params) -> BaseDaskEstimator:
         """Train for exactly one epoch, continuing from the fitted state.
 
         ``max_epochs`` is ignored.  The first call on an unfitted estimator
@@ -548,13 +577,28 @@ class BaseDaskEstimator(BaseEstimator):
         >>> est.n_iter_  # doctest: +SKIP
         3
         """
-        return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), keep=True, **fit_params)
+        return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), keep=True, sample_weight=sample_weight,
+                         **self._check_fit_params(fit_params))
 
-    def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None, keep: bool = False):
+    def _check_fit_params(self, fit_params: dict) -> dict:
+        """The keyword arguments of ``fit`` beyond ``sample_weight`` that this estimator takes."""
+        allowed = ("classes",) if isinstance(self, ClassifierMixin) else ()
+        unknown = sorted(set(fit_params) - set(allowed))
+        if unknown:
+            takes = ", ".join(("sample_weight", *allowed))
+            raise TypeError(f"{type(self).__name__}.fit got unexpected keyword argument(s) {unknown}; "
+                            f"it takes X, y and {takes}.")
+        return fit_params
+
+    def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None, keep: bool = False, sample_weight=None):
         self._check_params()
+        if sample_weight is not None and isinstance(X, torch.utils.data.Dataset):
+            raise ValueError("sample_weight is not taken with a torch Dataset as X: weight the examples' loss in "
+                             "the criterion, or fit arrays.")
         client = self._client()
         if isinstance(X, torch.utils.data.Dataset) and client is None:
-            # No cluster: start the embedded one now, so that its workers read the Dataset.
+            # No cluster: take the embedded one (shared by this process's fits) now, so that its workers
+            # read the Dataset.
             policy, _ = self._cluster_policy()
             with cl.training_client(None, policy, None) as embedded:
                 self._embedded = embedded
@@ -567,21 +611,25 @@ class BaseDaskEstimator(BaseEstimator):
             X = y = None  # the workers read the examples
             n_outputs = self._n_outputs(targets, head[1])
         elif inputs.is_dask(X):
-            data, head, targets = self._dask_data(X, y, fresh=fresh, classes=classes)
+            data, head, targets = self._dask_data(X, y, fresh=fresh, classes=classes, sample_weight=sample_weight)
             X = y = None  # the data stays on the cluster
             n_outputs = self._n_outputs(targets, head[1])
         else:
             X, y, features = self._to_arrays(X, y, reset=fresh)
+            sample_weight = check_sample_weight(sample_weight, len(X))
             y, targets = self._encode_targets(y, fresh=fresh, classes=classes)
             targets.update(features)
             n_outputs = self._n_outputs(targets, y)
-        seed = int(check_random_state(self.random_state).randint(2**31 - 1)) if fresh else self.loop_.seed
+        seed = self._draw_seed() if fresh else self.loop_.seed
         valid = None
         if self.validation_fraction:
-            X, X_valid, y, y_valid = train_test_split(X, y, test_size=self.validation_fraction, random_state=seed)
-            valid = (X_valid, y_valid)
+            split = (X, y) if sample_weight is None else (X, y, sample_weight)
+            X, X_valid, y, y_valid, *w = train_test_split(*split, test_size=self.validation_fraction,
+                                                          random_state=seed)
+            sample_weight = w[0] if w else None
+            valid = (X_valid, y_valid) if not w else (X_valid, pack(y_valid, w[1]))
         if X is not None:
-            data, head = ArrayData(X, y), (X, y)
+            data, head = ArrayData(X, y if sample_weight is None else pack(y, sample_weight)), (X, y)
         if fresh:
             module = self._build_module(int(np.prod(head[0].shape[1:])), n_outputs, seed)
             criterion = self._build_criterion()
@@ -615,10 +663,14 @@ class BaseDaskEstimator(BaseEstimator):
         if self.checkpoint is not None:
             state.fingerprint = self._fingerprint(data)
         optimizer_plan.check_supported(state.optimizer, state.damper)
+        weighted = None  # the workers' criterion when the targets carry sample weights (adadamp.sample_weight)
+        if sample_weight is not None:
+            weighted = SampleWeightedLoss(state.criterion, torch.from_numpy(head[1][:0]).dtype, head[1].ndim)
+            valid = valid if valid is None else (*valid, weighted)
         self._training_state = state  # save_params from a callback saves this state, not the last fit's
         start = state.loop.n_updates
         try:
-            self._train(state, data, epochs, epoch_updates, valid, fresh=fresh, keep=keep)
+            self._train(state, data, epochs, epoch_updates, valid, fresh=fresh, keep=keep, criterion=weighted)
         except (ConvergenceError, NoWorkersError, SchedulerLostError):
             if state.loop.n_updates > start:
                 self._commit(state)  # training stopped cleanly, with the last good weights
@@ -628,7 +680,14 @@ class BaseDaskEstimator(BaseEstimator):
         self._commit(state)
         return self
 
-    def _dask_data(self, X, y, *, fresh: bool, classes=None):
+    def _draw_seed(self) -> int:
+        """The fit's seed: from ``random_state``, or (None) from torch's global generator, so that
+        ``torch.manual_seed`` makes fits reproducible as it makes a PyTorch script (and skorch)."""
+        if self.random_state is None:
+            return int(torch.randint(2**31 - 1, ()).item())
+        return int(check_random_state(self.random_state).randint(2**31 - 1))
+
+    def _dask_data(self, X, y, *, fresh: bool, classes=None, sample_weight=None):
         """A dask ``X, y`` checked and encoded on the cluster, persisted there; returns the data
         source, the first two examples (for the module's shape check) and the target attributes."""
         import dask
@@ -655,20 +714,31 @@ class BaseDaskEstimator(BaseEstimator):
             raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} was fitted with "
                              f"{self.n_features_in_}.")
         checks = {"finite": da.isfinite(X).all(), **self._dask_target_checks(y)}
+        if sample_weight is not None:
+            try:
+                w = inputs.aligned(sample_weight, X).astype(np.float64)
+            except ValueError as err:
+                raise ValueError(f"sample_weight: {err} One weight per example of X.") from err
+            if w.ndim != 1:
+                raise ValueError(f"sample_weight.shape == {w.shape}, expected ({X.shape[0]},): one weight per example.")
+            checks.update(w_finite=da.isfinite(w).all(), w_negative=(w < 0).any(), w_total=w.sum())
         with client.as_current():
             (checked,) = dask.compute(checks)  # one pass on the cluster; only these scalars come back
         logger.info("dask data: %d examples in %d partitions, checked on the cluster in %.2f s",
                     X.shape[0], len(X.chunks[0]), time.perf_counter() - start)
         if not checked["finite"]:
             raise ValueError("Input X contains NaN or infinity (checked on the cluster).")
+        if sample_weight is not None:
+            w = normalized(w, finite=bool(checked["w_finite"]), negative=bool(checked["w_negative"]),
+                           total=float(checked["w_total"]))
         y, targets = self._encode_dask_targets(y, checked, fresh=fresh, classes=classes)
         if fresh:
             targets["n_features_in_"] = X.shape[1]
             if names is not None:
                 targets["feature_names_in_"] = names
         with client.as_current():
-            X, y = client.persist([X, y])
             head = dask.compute(X[:2], y[:2])  # two examples, for the module's shape check
+            X, y = client.persist([X, y if sample_weight is None else pack(y, w)])
         return DaskArrayData(client, X, y), head, targets
 
     def _dataset_data(self, client, dataset, y, *, fresh: bool, classes=None):
@@ -747,7 +817,7 @@ class BaseDaskEstimator(BaseEstimator):
         return saved["epoch_updates"]
 
     def _train(self, state: TrainingState, data, epochs: int, epoch_updates: list, valid=None,
-               fresh: bool = True, keep: bool = False) -> None:
+               fresh: bool = True, keep: bool = False, criterion=None) -> None:
         kept = self.__dict__.pop("_kept_backend", None)  # one call at a time uses it
         if epochs <= 0:
             if kept is not None:
@@ -760,13 +830,13 @@ class BaseDaskEstimator(BaseEstimator):
             valid=valid,
         )
         policy, client = self._cluster_policy()
-        if client is None:  # an embedded cluster, for this call only
+        if client is None:  # the embedded cluster, shared by this process's fits (nothing kept for the next call)
             if kept is not None:
                 kept.claim(None)
             first = state.damper.forecast_batch_size(state.loop.epoch)
             with (
                 cl.training_client(None, policy, first) as (client, policy),
-                self._backend(client, policy, state, data) as backend,
+                self._backend(client, policy, state, data, criterion) as backend,
             ):
                 loop.run(backend, epochs, epoch_updates)
             return
@@ -778,7 +848,7 @@ class BaseDaskEstimator(BaseEstimator):
             backend.resume(module=state.module, optimizer=state.optimizer, damper=state.damper, loop=state.loop)
             logger.info("resumed the workers and data of the last call")
         else:
-            backend = self._backend(client, policy, state, data).__enter__()
+            backend = self._backend(client, policy, state, data, criterion).__enter__()
         try:
             loop.run(backend, epochs, epoch_updates)
             if keep:
@@ -791,11 +861,12 @@ class BaseDaskEstimator(BaseEstimator):
         else:
             backend.__exit__(None, None, None)
 
-    def _backend(self, client, policy, state: TrainingState, data) -> ParameterServer:
+    def _backend(self, client, policy, state: TrainingState, data, criterion=None) -> ParameterServer:
+        """The backend of ``self.backend``; ``criterion``: the workers' one, when not the state's."""
         return BACKENDS[self.backend](
             client,
             module=state.module,
-            criterion=state.criterion,
+            criterion=state.criterion if criterion is None else criterion,
             optimizer=state.optimizer,
             damper=state.damper,
             loop=state.loop,
@@ -805,14 +876,14 @@ class BaseDaskEstimator(BaseEstimator):
         )
 
     def _client(self) -> Client | None:
-        """The client this call trains on: an embedded cluster's started for it (a lazy Dataset),
-        ``client``, or the current one; None: an embedded cluster is started for the training."""
+        """The client this call trains on: the embedded cluster's taken for it (a lazy Dataset),
+        ``client``, or the current one; None: the training takes the embedded cluster."""
         if "_embedded" in self.__dict__:
             return self._embedded[0]
         return self.client if self.client is not None else _active_client()
 
     def _cluster_policy(self) -> tuple[cl.ClusterPolicy, Client | None]:
-        """How the cluster is sized for this fit, and the client to train on (None: an embedded cluster)."""
+        """How the cluster is sized for this fit, and the client to train on (None: the embedded cluster)."""
         if "_embedded" in self.__dict__:
             return self._embedded[1], self._embedded[0]
         client = self._client()
@@ -1053,7 +1124,7 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
 
     _default_criterion = nn.CrossEntropyLoss
 
-    def partial_fit(self, X, y=None, classes=None) -> DaskClassifier:
+    def partial_fit(self, X, y=None, classes=None, sample_weight=None) -> DaskClassifier:
         """Train one epoch; ``classes`` fixes the labels on the first call.
 
         Parameters
@@ -1064,6 +1135,8 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
             Every label the classifier will see.  Needed on the first call
             when its ``y`` may lack some labels (labels are fixed by the
             first call); ignored afterwards.
+        sample_weight : array-like of shape (n_samples,), default=None
+            As for :meth:`fit`.
 
         Returns
         -------
@@ -1075,7 +1148,8 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         >>> est.partial_fit(X[:500], y[:500], classes=np.arange(10))  # doctest: +SKIP
         >>> est.partial_fit(X[500:], y[500:])  # doctest: +SKIP
         """
-        return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), classes=classes, keep=True)
+        return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), classes=classes, keep=True,
+                         sample_weight=sample_weight)
 
     def _encode_targets(self, y, *, fresh: bool, classes=None):
         if y.ndim == 2 and y.shape[1] == 1:
@@ -1088,15 +1162,29 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         if y.ndim != 1:
             raise ValueError(f"DaskClassifier expects 1-d labels; got y of shape {y.shape}.")
         check_classification_targets(y)
-        if fresh:
-            known = np.unique(classes) if classes is not None else np.unique(y)
-        else:
-            known = self.classes_
-        codes = np.clip(np.searchsorted(known, y), 0, len(known) - 1)
-        unknown = known[codes] != y
-        if unknown.any():
-            raise ValueError(f"y contains labels not in classes: {np.unique(y[unknown])[:10].tolist()}.")
-        return codes.astype(np.int64), {"classes_": known}
+        known = self._classes_for(np.unique(y), fresh=fresh, classes=classes)
+        return np.searchsorted(known, y).astype(np.int64), {"classes_": known}
+
+    def _classes_for(self, labels: np.ndarray, *, fresh: bool, classes=None) -> np.ndarray:
+        """The classes y's ``labels`` (each once) are encoded in; a label outside them, or a single
+        class, is refused with the fix (scikit-learn's ``classes=`` convention for partial_fit)."""
+        known = (np.unique(classes) if classes is not None else labels) if fresh else self.classes_
+        unknown = np.setdiff1d(labels, known)
+        if len(unknown) and fresh:
+            raise ValueError(f"y contains labels not in classes=: {unknown[:10].tolist()}; classes= must list "
+                             "every label.")
+        if len(unknown):
+            raise ValueError(
+                f"y contains labels the fitted classifier does not know: {unknown[:10].tolist()} (its classes_ are "
+                f"{known[:10].tolist()}). Labels are fixed by the first call: pass every label as classes= to the "
+                "first partial_fit, e.g. partial_fit(X, y, classes=np.unique(all_labels)), or fit afresh."
+            )
+        if len(known) < 2:
+            raise ValueError(
+                f"{type(self).__name__} needs at least 2 classes; y has only one class, {known.tolist()[0]!r}. With "
+                "partial_fit on data whose first part has one class, pass every label as classes= on the first call."
+            )
+        return known
 
     @staticmethod
     def _dask_target_checks(y) -> dict:
@@ -1111,10 +1199,7 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         """The labels as class indices (lazily, on the cluster) and ``classes_``."""
         labels = checked["labels"]
         check_classification_targets(labels)
-        known = (np.unique(classes) if classes is not None else labels) if fresh else self.classes_
-        unknown = np.setdiff1d(labels, known)
-        if len(unknown):
-            raise ValueError(f"y contains labels not in classes: {unknown[:10].tolist()}.")
+        known = self._classes_for(labels, fresh=fresh, classes=classes)
         return y.map_blocks(inputs.encode_labels, known=known, dtype=np.int64), {"classes_": known}
 
     def _dataset_targets(self, client, dataset, head_y) -> np.ndarray:

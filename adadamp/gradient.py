@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .exceptions import ShareTooSmallError
+from .sample_weight import SampleWeightedLoss
 from .seeding import generator_state, seeded
 
 if TYPE_CHECKING:
@@ -155,8 +156,11 @@ def _loss_sum(criterion, out, y, n: int) -> tuple[torch.Tensor, float]:
     ``ignore_index`` mean (CrossEntropyLoss, NLLLoss) divides by the targets'
     total weight, so that sum is computed (``reduction="sum"``) and that
     weight returned: the batch's loss is then exactly the criterion's
-    weighted mean over all workers' examples.
+    weighted mean over all workers' examples.  With sample weights, the sum and the weight are
+    :meth:`SampleWeightedLoss.sum_and_weight`'s.
     """
+    if isinstance(criterion, SampleWeightedLoss):
+        return criterion.sum_and_weight(out, y)
     if getattr(criterion, "reduction", "mean") != "mean":
         return criterion(out, y), float(n)
     ignore = getattr(criterion, "ignore_index", None)

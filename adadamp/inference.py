@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .inputs import aligned
+
 _ROWS = 4096  # examples per forward pass
 
 
@@ -74,27 +76,15 @@ def dask_outputs(module: torch.nn.Module, X, n_outputs: int):
     )
 
 
-def _aligned(values, like):
-    """``values`` (array-like, dask array or Series) as a dask array chunked like ``like`` on axis 0."""
-    import dask.array as da
-    import dask.dataframe as dd
-
-    if isinstance(values, dd.DataFrame | dd.Series):
-        values = values.to_dask_array(lengths=True)
-    if not isinstance(values, da.Array):
-        return da.from_array(np.asarray(values), chunks=(like.chunks[0], *((-1,) * (np.ndim(values) - 1))))
-    return values.rechunk({0: like.chunks[0]})
-
-
 def dask_accuracy(predicted, y, sample_weight=None) -> float:
     """Accuracy of dask predictions, computed on the cluster (only the number comes back)."""
     import dask
 
-    correct = predicted == _aligned(y, predicted)
+    correct = predicted == aligned(y, predicted)
     if sample_weight is None:
         value = correct.mean()
     else:
-        w = _aligned(sample_weight, predicted)
+        w = aligned(sample_weight, predicted)
         value = (correct * w).sum() / w.sum()
     return float(dask.compute(value)[0])
 
@@ -105,10 +95,10 @@ def dask_r2(predicted, y, sample_weight=None) -> float:
     import dask
     import dask.array as da
 
-    y = _aligned(y, predicted).astype(np.float64)
+    y = aligned(y, predicted).astype(np.float64)
     p = predicted.astype(np.float64)
     y2, p2 = (y[:, None] if y.ndim == 1 else y), (p[:, None] if p.ndim == 1 else p)
-    w = da.ones(y2.shape[0], chunks=(y2.chunks[0],)) if sample_weight is None else _aligned(sample_weight, p)
+    w = da.ones(y2.shape[0], chunks=(y2.chunks[0],)) if sample_weight is None else aligned(sample_weight, p)
     w2 = w.astype(np.float64)[:, None]
     mean = (w2 * y2).sum(axis=0) / w2.sum()
     ss_res, ss_tot = dask.compute((w2 * (y2 - p2) ** 2).sum(axis=0), (w2 * (y2 - mean) ** 2).sum(axis=0))

@@ -3,6 +3,8 @@ map-style torch Datasets (read on the workers when there is a cluster, else on t
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
@@ -74,11 +76,43 @@ def is_dask(X) -> bool:
     return dask.is_dask_collection(X)
 
 
+def dask_frame_types() -> tuple[type, ...]:
+    """dask's DataFrame and Series classes, or ``()`` when ``dask.dataframe`` was never imported.
+
+    Whoever made a dask DataFrame imported ``dask.dataframe``; a dask array needs neither it nor
+    pandas and pyarrow, which ``dask[array]`` (adadamp's requirement) does not install.
+    """
+    dd = sys.modules.get("dask.dataframe")
+    return (dd.DataFrame, dd.Series) if dd is not None else ()
+
+
+def _is_frame(X) -> bool:
+    frames = dask_frame_types()
+    return bool(frames) and isinstance(X, frames)
+
+
+def as_dask_array(values):
+    """A dask DataFrame or Series as a dask array with known chunk sizes (others unchanged)."""
+    return values.to_dask_array(lengths=True) if _is_frame(values) else values
+
+
+def aligned(values, like):
+    """``values`` (array-like, dask array or Series) as a dask array chunked like ``like`` on axis 0."""
+    import dask.array as da
+
+    values = as_dask_array(values)
+    if not isinstance(values, da.Array):
+        values = np.asarray(values)
+    if values.shape[:1] != like.shape[:1]:
+        raise ValueError(f"{values.shape[0] if values.ndim else 'a scalar'} values for {like.shape[0]} examples.")
+    if isinstance(values, np.ndarray):
+        return da.from_array(values, chunks=(like.chunks[0], *((-1,) * (values.ndim - 1))))
+    return values.rechunk({0: like.chunks[0]})
+
+
 def dask_features(X):
     """A dask ``X`` (array or DataFrame) as a float32 dask array chunked along axis 0 only."""
-    import dask.dataframe as dd
-
-    if isinstance(X, dd.DataFrame):
+    if _is_frame(X):
         X = X.to_dask_array(lengths=True)
     if any(np.isnan(c) for c in X.chunks[0]):
         X = X.compute_chunk_sizes()
@@ -94,19 +128,17 @@ def dask_arrays(X, y):
     rejected.  Returns ``(X, y, feature_names)`` (the DataFrame's string column names, or None).
     """
     import dask.array as da
-    import dask.dataframe as dd
 
     if y is None:
         raise ValueError("A dask X needs its targets y (a dask array or Series with the same partitions).")
     names = None
-    if isinstance(X, dd.DataFrame):
+    if _is_frame(X) and hasattr(X, "columns"):
         columns = list(X.columns)
         names = np.asarray(columns, dtype=object) if all(isinstance(c, str) for c in columns) else None
-    if not isinstance(X, da.Array | dd.DataFrame):
+    elif not isinstance(X, da.Array):
         raise TypeError(f"X must be a dask array or DataFrame; got {type(X).__name__}.")
     X = dask_features(X)
-    if isinstance(y, dd.DataFrame | dd.Series):
-        y = y.to_dask_array(lengths=True)
+    y = as_dask_array(y)
     if not isinstance(y, da.Array):
         y = da.from_array(np.asarray(y), chunks=(X.chunks[0],))
     if any(np.isnan(c) for c in y.chunks[0]):

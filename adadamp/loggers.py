@@ -12,7 +12,7 @@ import tempfile
 
 from .callbacks import Callback
 
-__all__ = ["MLflowLogger", "TensorBoard"]
+__all__ = ["MLflowLogger", "MlflowLogger", "TensorBoard"]
 
 
 class TensorBoard(Callback):
@@ -207,3 +207,7 @@ class MLflowLogger(Callback):
                     self.client_.log_artifact(run_id, path)
         if self.terminate_after_train:
             self.client_.set_terminated(run_id)
+
+
+#: skorch's spelling of :class:`MLflowLogger`.
+MlflowLogger = MLflowLogger

@@ -11,11 +11,12 @@ Gradients are all-reduced in buckets while the backward pass still runs (as PyTo
 does): a bucket is a contiguous range of the flat gradient, launched as soon as the backward
 pass has filled it, in the same order on every rank.
 
-Membership: a group is one *generation* with its own rendezvous prefix in the client's store
-(torchft's pattern, scale-anchors §1).  Forming one, the members first take the step they may
-still owe, then rank 0 (a member of the last generation, or the client's committed copy)
-broadcasts weights, running statistics and optimizer state, so a joiner starts from them.  A
-collective that fails (a peer died, or hung past the timeout) raises
+Membership: a group is one *generation* with its own rendezvous keys (torchft's pattern,
+scale-anchors §1), kept in the scheduler and reached over Dask's comm (:class:`SchedulerStore`).
+Forming one, the members first take the step they may still owe, then rank 0 (a member of the
+last generation, or the client's committed copy) broadcasts weights, running statistics and
+optimizer state, so a joiner starts from them (no more bytes than the model's state can hold: gloo
+authenticates no peer).  A collective that fails (a peer died, or hung past the timeout) raises
 :class:`~adadamp.exceptions.CollectiveError` and drops the pending gradient; the client forms
 the next generation without the lost worker and recomputes the update.  Steps are numbered, so
 none is applied twice.
@@ -28,6 +29,7 @@ import datetime
 import io
 import logging
 import math
+import os
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -35,6 +37,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 import torch.distributed as dist
+from distributed.comm import get_address_host
+from distributed.utils import sync
 
 from .exceptions import CollectiveError
 from .gradient import examples, gradient_sum
@@ -42,6 +46,8 @@ from .optimizer_plan import apply_settings
 from .parameters import trainable
 
 if TYPE_CHECKING:
+    from distributed import Worker
+
     from ._worker import _FitState
 
 logger = logging.getLogger(__name__)
@@ -53,6 +59,12 @@ _FAILED_GROUPS: list = []  # groups left after a failure (never destroyed: their
 #: Step vector layout (float64): generation, update number, the update whose step to take
 #: first (-1: none), momentum-buffer scale, then (lr, momentum) per param group.
 STEP_HEADER = 4
+
+#: The most a replica's state can hold: its weights and running statistics, and per parameter at
+#: most this many more copies of them in the optimizer's state (momentum 1, Adam 2, AMSGrad 3)...
+STATE_COPIES = 8
+#: ... plus this many bytes of ``torch.save`` records per tensor, and 1 MiB.
+STATE_RECORD_BYTES = 4096
 
 
 def step_vector(generation: int, update: int, step_of: int, buffer_scale: float, settings: list[float]) -> np.ndarray:
@@ -75,6 +87,76 @@ def collective_backend(device: torch.device | str) -> str:
     ('gloo', 'nccl')
     """
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+class SchedulerStore(dist.Store):
+    """One generation's rendezvous: ``torch.distributed`` store keys in the Dask scheduler's metadata
+    (``set_metadata``: "small amounts of data ... for administrative purposes"), reached over the
+    worker's own connection to the scheduler.
+
+    So nothing listens for it: only who can talk to the scheduler (whom Dask trusts with running
+    code on the workers anyway) can read a member's address, plant a key or join the group, and on
+    a TLS cluster the rendezvous is encrypted with the rest of Dask's comm.  Gloo calls ``set``,
+    ``get`` and ``wait`` while it forms the group (from the thread that builds it, never the
+    worker's event loop); the members use ``set`` and ``check`` for ``abort``.  A wait polls: a
+    generation's keys are a few hundred bytes per member, written once.
+    """
+
+    def __init__(self, worker: Worker, keys: tuple[str, ...], timeout: float):
+        super().__init__()
+        self._worker, self._keys, self._timeout = worker, list(keys), timeout
+
+    def _call(self, op: str, **kwargs):
+        try:
+            return sync(self._worker.loop, getattr(self._worker.scheduler, op), callback_timeout=self._timeout,
+                        **kwargs)
+        except OSError as err:  # the scheduler is gone (or slow): as a store that stopped answering
+            raise dist.DistStoreError(f"rendezvous {'/'.join(self._keys)}: {op} failed: {err!r}") from err
+
+    def _entries(self) -> dict:
+        return self._call("get_metadata", keys=self._keys, default=None) or {}
+
+    def set(self, key: str, value) -> None:
+        self._call("set_metadata", keys=[*self._keys, key], value=bytes(value))
+
+    def check(self, keys: list[str]) -> bool:
+        entries = self._entries()
+        return all(k in entries for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self._wait_for([key])[key]
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        self._wait_for(keys, None if timeout is None else timeout.total_seconds())
+
+    def _wait_for(self, keys: list[str], timeout: float | None = None) -> dict:
+        start = time.monotonic()
+        deadline = start + (self._timeout if timeout is None else timeout)
+        delay = 0.001
+        while True:
+            entries = self._entries()
+            if all(k in entries for k in keys):
+                return entries
+            if time.monotonic() > deadline:
+                missing = [k for k in keys if k not in entries]
+                raise dist.DistStoreError(f"rendezvous {'/'.join(self._keys)}: no {missing} in {deadline - start:.0f} s")
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+
+
+def gloo_group(store: dist.Store, rank: int, size: int, host: str, timeout: datetime.timedelta):
+    """A gloo group whose sockets listen on ``host`` (the worker's Dask address: the interface its
+    peers reach it on), or on the interfaces ``GLOO_SOCKET_IFNAME`` names where it is set.
+
+    Gloo's own default is the interface of the machine's host name, whatever the cluster uses;
+    binding a device to an address goes through ``_Options``, as torch's own gloo tests do.
+    """
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    options._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, size, options)
 
 
 class Buckets:
@@ -163,15 +245,16 @@ class Replica:
 
     ``applied`` counts the updates whose step this replica has taken (its weights are the
     weights after that many updates); ``pending`` is the update whose mean gradient sits in the
-    flat gradient buffer, waiting for its step.
+    flat gradient buffer, waiting for its step.  ``worker``: the Dask worker that holds it (the
+    groups' rendezvous goes over its connection to the scheduler).
     """
 
-    def __init__(self, state: _FitState, optimizer: torch.optim.Optimizer, *, fit_id: str, store: tuple[str, int],
+    def __init__(self, state: _FitState, optimizer: torch.optim.Optimizer, *, fit_id: str, worker: Worker | None,
                  timeout: float, bucket_mb: float, applied: int):
         self.state = state
         self.optimizer = optimizer
         self.fit_id = fit_id
-        self.store_address = store
+        self.worker = worker
         self.timeout = datetime.timedelta(seconds=timeout)
         self.backend = collective_backend(state.device)
         self.applied = int(applied)
@@ -179,8 +262,7 @@ class Replica:
         self.group = None
         self.generation: int | None = None
         self.rank, self.size = 0, 1
-        self._store = None
-        self._prefix = None  # the current generation's keys in the client's store
+        self._prefix: dist.Store | None = None  # the current generation's rendezvous
         _warm_up()
         mb = 2**20
         self.buckets = Buckets(trainable(state.module), state.grads, int(bucket_mb * mb), min(mb, int(bucket_mb * mb)))
@@ -201,14 +283,12 @@ class Replica:
         self.take_step(step, strict=False)  # a joiner owes nothing: it takes rank 0's state below
         self.group = None  # the last generation's group: its peers may be gone
         try:
-            if self._store is None:
-                host, port = self.store_address
-                self._store = dist.TCPStore(host, int(port), is_master=False, timeout=self.timeout)
-            prefix = self._prefix = dist.PrefixStore(f"{self.fit_id}/{generation}", self._store)
+            store = self._prefix = SchedulerStore(self.worker, (self.fit_id, str(generation)),
+                                                  self.timeout.total_seconds())
             if self.backend == "nccl":  # untested here (no GPU on the development machine)
-                group = dist.ProcessGroupNCCL(prefix, rank, size)
+                group = dist.ProcessGroupNCCL(store, rank, size)
             else:
-                group = dist.ProcessGroupGloo(prefix, rank, size, self.timeout)
+                group = gloo_group(store, rank, size, get_address_host(self.worker.address), self.timeout)
             self.group, self.generation, self.rank, self.size = group, generation, rank, size
             if restore is not None:
                 self.load(restore)
@@ -229,10 +309,19 @@ class Replica:
         if self.rank == 0:
             data = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
         else:
-            data = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+            n, most = int(length.item()), self.max_state_bytes()
+            if not 0 < n <= most:  # checked before allocating: gloo's peers are not authenticated
+                raise RuntimeError(f"rank 0 announced {n} bytes of state; this model's state holds at most {most}")
+            data = torch.empty(n, dtype=torch.uint8, device=device)
         self._wait(self.group.broadcast(data, 0))
         if self.rank != 0:
             self.load(data.cpu().numpy().tobytes())
+
+    def max_state_bytes(self) -> int:
+        """The most bytes :meth:`dump` can write for this model (``STATE_COPIES``)."""
+        tensors = [*self.state.module.parameters(), *self.state.buffers]
+        weights = sum(t.numel() * t.element_size() for t in tensors)
+        return STATE_COPIES * (weights + STATE_RECORD_BYTES * len(tensors)) + 2**20
 
     def _comm_device(self) -> torch.device:
         return self.state.device if self.backend == "nccl" else torch.device("cpu")
@@ -354,8 +443,8 @@ class Replica:
         self.buckets.disarm()
         group, self.group, self.pending = self.group, None, None
         if group is not None:
-            _FAILED_GROUPS.append(group)
-            with contextlib.suppress(Exception):  # the client (and its store) may be gone
+            _FAILED_GROUPS.append((group, self._prefix))  # the store too: the group's C++ side uses it
+            with contextlib.suppress(Exception):  # the scheduler may be gone
                 self._prefix.set("abort", b"1")
 
     def commit(self, step: np.ndarray | None, state: bool, groups: bytes | None = None) -> dict:
@@ -376,7 +465,6 @@ class Replica:
     def close(self) -> None:
         self.buckets.close()
         self.group = None
-        self._store = None
 
 
 def dump_state(flat: torch.Tensor, buffers: list[torch.Tensor], optimizer, applied: int) -> bytes:

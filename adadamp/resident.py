@@ -17,13 +17,17 @@ import warnings
 import numpy as np
 import torch
 
-ABSENT = -1  # an example this worker does not hold
 OWNED = -2  # the segment of the blocks the client sent
 SHARED = -3  # the client's whole training data, mapped from shared memory (this worker uses its blocks)
 
 
 class ResidentData:
     """The examples of a fit on one worker, on ``device``, indexed by their global index.
+
+    A block is a run of consecutive examples; the index holds per block its first example, its
+    segment and its first row there, so it grows with the blocks this worker holds, not with the
+    ``n_total`` examples of the data set (a global index is found by binary search over the
+    blocks' starts).
 
     Examples
     --------
@@ -37,11 +41,15 @@ class ResidentData:
 
     def __init__(self, n_total: int, device: torch.device):
         self.device = device
-        self.block_index: dict[int, np.ndarray] = {}  # block -> its global indices
-        self._segment_of_block: dict[int, int] = {}  # block -> OWNED, or the block itself (borrowed)
+        self.n_total = int(n_total)
+        self._blocks: dict[int, tuple[range, int, int]] = {}  # block -> (its examples, segment, first row)
         self._segments: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor]] = {}
-        self._segment = np.full(n_total, ABSENT, dtype=np.int64)  # global index -> segment
-        self._row = np.zeros(n_total, dtype=np.int64)  # global index -> row in its segment
+        self._reindex()
+
+    @property
+    def block_index(self) -> dict[int, range]:
+        """The blocks held here and their global indices."""
+        return {b: span for b, (span, _, _) in self._blocks.items()}
 
     @property
     def shared(self) -> bool:
@@ -58,77 +66,89 @@ class ResidentData:
         """Add blocks ``[(block, global_idx, X, y)]`` and drop block ids.
 
         ``borrowed``: the arrays are held by Dask on this worker already; keep views, not copies.
+        A block's ``global_idx`` must be consecutive (``ValueError`` otherwise).
         """
         drop = set(drop)
+        add = [(block, self._span(idx), X, y) for block, idx, X, y in add]
         if self.shared and all(X is None for _, _, X, _ in add):  # blocks of the mapped data: indices only
-            self._update_shared(add, drop)
+            for b in drop:
+                self._blocks.pop(b, None)
+            for block, span, _, _ in add:
+                self._blocks[block] = (span, SHARED, span.start)
+            self._reindex()
             return
-        owned_kept = [b for b, s in self._segment_of_block.items() if s == OWNED and b not in drop]
-        rebuild = (add and not borrowed) or any(self._segment_of_block.get(b) == OWNED for b in drop)
-        kept_rows = [self._row[self.block_index[b]] for b in owned_kept] if rebuild else []
+        owned_kept = [b for b, (_, s, _) in self._blocks.items() if s == OWNED and b not in drop]
+        rebuild = bool(add and not borrowed) or any(self._blocks.get(b, (None, None))[1] == OWNED for b in drop)
         for b in drop:
-            segment = self._segment_of_block.pop(b, None)
-            idx = self.block_index.pop(b, None)
-            if segment is not None and segment != OWNED:
+            _, segment, _ = self._blocks.pop(b, (None, None, None))
+            if segment is not None and segment >= 0:  # a borrowed block is its own segment
                 del self._segments[segment]
-            if idx is not None:
-                self._segment[idx] = ABSENT
         if borrowed:
-            for block, idx, X, y in add:
-                self._set(block, X, y, idx)
-                self.block_index[block] = idx
-                self._segment_of_block[block] = block
+            for block, span, X, y in add:
+                self._set(block, X, y)
+                self._blocks[block] = (span, block, 0)
         if rebuild:
-            self._rebuild_owned(owned_kept, kept_rows, [] if borrowed else add)
+            self._rebuild_owned(owned_kept, [] if borrowed else add)
+        self._reindex()
 
-    def _update_shared(self, add, drop) -> None:
-        for b in drop:
-            self._segment_of_block.pop(b, None)
-            idx = self.block_index.pop(b, None)
-            if idx is not None:
-                self._segment[idx] = ABSENT
-        for block, idx, _, _ in add:
-            self.block_index[block] = idx
-            self._segment_of_block[block] = SHARED
-            self._segment[idx] = SHARED
-            self._row[idx] = idx
+    def _span(self, idx) -> range:
+        idx = np.asarray(idx, dtype=np.int64)
+        start = int(idx[0]) if len(idx) else 0
+        span = range(start, start + len(idx))
+        if start < 0 or span.stop > self.n_total or not np.array_equal(idx, np.arange(span.start, span.stop)):
+            raise ValueError(f"a block's examples must be consecutive indices in [0, {self.n_total})")
+        return span
 
-    def _rebuild_owned(self, kept: list[int], kept_rows: list[np.ndarray], add) -> None:
+    def _rebuild_owned(self, kept: list[int], add) -> None:
         """One array of the owned blocks kept and added (one copy: the old one is dropped)."""
         old = self._segments.pop(OWNED, None)
-        parts_X, parts_y, parts_idx = [], [], []
+        parts_X, parts_y, placed = [], [], []
         if old is not None and kept:
-            rows = np.concatenate(kept_rows)
-            parts_X.append(old[0][rows])
-            parts_y.append(old[1][rows])
-            parts_idx.extend(self.block_index[b] for b in kept)
-        for block, idx, X, y in add:
-            self.block_index[block] = idx
-            self._segment_of_block[block] = OWNED
+            for b in kept:
+                span, _, row = self._blocks[b]
+                parts_X.append(old[0][row : row + len(span)])
+                parts_y.append(old[1][row : row + len(span)])
+                placed.append((b, span))
+        for block, span, X, y in add:
             parts_X.append(X)
             parts_y.append(y)
-            parts_idx.append(idx)
+            placed.append((block, span))
+        row = 0
+        for block, span in placed:
+            self._blocks[block] = (span, OWNED, row)
+            row += len(span)
         if parts_X:
-            self._set(OWNED, np.concatenate(parts_X), np.concatenate(parts_y), np.concatenate(parts_idx))
+            self._set(OWNED, np.concatenate(parts_X), np.concatenate(parts_y))
 
-    def _set(self, segment: int, X: np.ndarray, y: np.ndarray, idx: np.ndarray) -> None:
+    def _set(self, segment: int, X: np.ndarray, y: np.ndarray) -> None:
         with warnings.catch_warnings():  # Dask's partitions may be read-only; nothing here writes to them
             warnings.simplefilter("ignore", UserWarning)
             X_dev = torch.from_numpy(X).to(self.device)
             y_dev = torch.from_numpy(y).to(self.device)
         self._segments[segment] = (X, y, X_dev, y_dev)
-        self._segment[idx] = segment
-        self._row[idx] = np.arange(len(idx))
+
+    def _reindex(self) -> None:
+        """The blocks' starts, in order, with each one's end, segment and first row (for :meth:`gather`)."""
+        held = sorted((span.start, span.stop, segment, row) for span, segment, row in self._blocks.values() if span)
+        self._starts, self._stops, self._segment_of, self._first_row = (
+            np.array(column, dtype=np.int64) for column in (zip(*held) if held else ([], [], [], []))
+        )
 
     def gather(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The inputs and targets of ``indices`` on the device (in the indices' order when they are
         in one segment, else segment by segment)."""
-        indices = np.asarray(indices)
-        segments = self._segment[indices]
-        if (segments == ABSENT).any():
-            missing = indices[segments == ABSENT][:5]
-            raise KeyError(f"examples {missing.tolist()} are not resident on this worker")
-        rows = self._row[indices]
+        indices = np.asarray(indices, dtype=np.int64)
+        pos = np.searchsorted(self._starts, indices, side="right") - 1  # the block each one falls in
+        absent = pos < 0
+        pos[absent] = 0
+        if len(self._starts):
+            absent |= indices >= self._stops[pos]
+        else:
+            absent[:] = True
+        if absent.any():
+            raise KeyError(f"examples {indices[absent][:5].tolist()} are not resident on this worker")
+        segments = self._segment_of[pos]
+        rows = self._first_row[pos] + indices - self._starts[pos]
         if len(indices) == 0:
             some = next(iter(self._segments.values()))
             return some[2][:0], some[3][:0]

@@ -41,6 +41,13 @@ def construct(factory, params: dict, prefix: str, *args):
                 f"{prefix}__{bad[0]} is not a parameter of {getattr(factory, '__name__', factory)}.{hint}"
             ) from err
         raise ValueError(f"Could not build {prefix} {getattr(factory, '__name__', factory)}: {err}") from err
+    except ValueError as err:
+        if not params:
+            raise
+        # name the user's words: the routed values the message quotes, else all of them
+        named = [k for k, v in params.items() if isinstance(v, int | float | str) and str(v) in str(err)]
+        given = ", ".join(f"{prefix}__{k}={params[k]!r}" for k in named or params)
+        raise ValueError(f"{given}: {getattr(factory, '__name__', factory)} refused it: {err}") from err
 
 
 def accepted_names(factory) -> set[str] | None:

@@ -61,6 +61,15 @@ def regression_data():
     return X.astype(np.float32), (y / y.std()).astype(np.float32)
 
 
+@pytest.fixture(autouse=True)
+def _no_embedded_cluster_between_tests():
+    """Each test starts without an embedded cluster, as a fresh process does (fits share it within a test)."""
+    yield
+    from adadamp import close_embedded_cluster
+
+    close_embedded_cluster()
+
+
 @pytest.fixture
 def new_processes():
     """``new_processes()`` lists the child processes started during the test that are still
@@ -69,10 +78,18 @@ def new_processes():
     before = {p.pid for p in me.children(recursive=True)}
 
     def alive(timeout: float = 10.0) -> list[psutil.Process]:
-        started = [p for p in me.children(recursive=True) if p.pid not in before]
+        started = [p for p in me.children(recursive=True) if p.pid not in before and not _resource_tracker(p)]
         return psutil.wait_procs(started, timeout=timeout)[1]
 
     return alive
+
+
+def _resource_tracker(process: psutil.Process) -> bool:
+    """multiprocessing's resource tracker: one per process, started by the first spawned child, kept until exit."""
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _ci() -> bool:

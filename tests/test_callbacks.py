@@ -1,5 +1,7 @@
 """Callbacks on the shared LocalCluster: hooks, early stopping, progress bar, routing."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -79,13 +81,85 @@ def _validation_split(est, X, y):
     return X_valid, y_valid.astype(np.int64)
 
 
+def _table(out: str) -> list[str]:
+    """The verbose table's lines (header first) of what a fit printed."""
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["epoch"])
+    return lines[header:]
+
+
 def test_progress_bar_and_verbose_table(client, data, capsys):
     X, y = data
     est = DaskClassifier(validation_fraction=0.2, callbacks=[ProgressBar()], verbose=1, max_epochs=2, random_state=0)
     est.fit(X, y)
     out, err = capsys.readouterr()
-    assert "valid_loss" in out.splitlines()[0] and len(out.splitlines()) == 3
+    assert "valid_loss" in _table(out)[0] and len(_table(out)) == 3
     assert "epoch 1" in err  # tqdm writes to stderr
+
+
+def _drive(bar: ProgressBar, updates: int) -> None:
+    bar.on_epoch_begin(None, n_data=100 * updates, epoch=1, eta=None)
+    for _ in range(updates):
+        bar.on_update_end(None, record={"batch_size": 100, "n_workers": 2, "loss": 0.5}, eta=42.0)
+    bar.on_epoch_end(None)
+
+
+def test_progress_bar_throttles_where_stderr_is_no_terminal(capsys):
+    """Issue 35: 1,243 redraws in 5 s into a log file; now one when it starts, its last state and the clearing at its end."""
+    _drive(ProgressBar(), 500)
+    err = capsys.readouterr().err
+    assert "epoch 1" in err and err.count("\r") <= 4, f"{err.count(chr(13))} redraws"
+
+
+def test_progress_bar_is_live_on_a_terminal(monkeypatch):
+    """On a terminal tqdm's own pace (0.1 s), with the time left from the loop's estimate."""
+    import fcntl
+    import os
+    import select
+    import struct
+    import termios
+
+    main, side = os.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))  # a width, or tqdm draws nothing
+    with os.fdopen(side, "w") as terminal:
+        monkeypatch.setattr("sys.stderr", terminal)
+        bar = ProgressBar()
+        bar.on_epoch_begin(None, n_data=100, epoch=1, eta=None)
+        assert bar.bar_.mininterval == pytest.approx(0.1)
+        bar.on_update_end(None, record={"batch_size": 100, "n_workers": 2, "loss": 0.5}, eta=42.0)
+        bar.bar_.refresh()
+        terminal.flush()
+        assert select.select([main], [], [], 10)[0], "nothing drawn on the terminal"
+        assert "left=42s" in os.read(main, 65536).decode()
+        bar.on_epoch_end(None)
+    os.close(main)
+    with pytest.raises(ValueError, match="mininterval"):
+        ProgressBar(mininterval=-1).check_params()
+
+
+def test_verbose_tells_the_time_left_from_the_first_updates(client, data, capsys):
+    """Issue 35: with ``verbose=1`` the time left was ``-`` for the whole first epoch."""
+    from adadamp.dampers import GeoDamp
+
+    X, y = data
+    seen = []
+
+    class Watch(Callback):
+        def on_update_end(self, estimator, eta=None, **info):
+            seen.append(eta)
+
+    est = DaskClassifier(batch_size=GeoDamp(initial=10, delay=1, factor=2), max_epochs=2, random_state=0, verbose=1,
+                         callbacks=[Watch()]).fit(X, y)
+    assert len(seen) == est.meta_["n_updates"] and all(e is not None and e >= 0 for e in seen)  # from the first
+    assert seen[0] > 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    early = [i for i, line in enumerate(lines) if re.fullmatch(r"time left: about [\d.]+ s \(estimated from the "
+                                                               r"first [1-5] updates\)", line)]
+    assert len(early) == 1  # once,
+    assert early[0] < lines.index(_table(out)[0])  # before the first epoch's row
+    first_row = _table(out)[1].split()
+    assert first_row[0] == "1" and first_row[-1] == "s"  # a number of seconds, not "-"
 
 
 def test_unknown_callback_name_is_rejected(data):
@@ -176,5 +250,5 @@ def test_time_left_follows_the_schedule_and_the_measured_update_time(client, dat
     if slope >= 0 and base >= 0:
         assert time_left(state, 5) == pytest.approx(sum(base + slope * b for b in coming_batches(state, 5)))
     assert time_left(state, 5) > 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].split()[-2:] == ["time", "left"] and out[1].split()[-1] == "-" and out[2].split()[-1] == "s"
+    table = _table(capsys.readouterr().out)
+    assert table[0].split()[-2:] == ["time", "left"] and all(row.split()[-1] == "s" for row in table[1:])

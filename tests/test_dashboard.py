@@ -2,16 +2,25 @@
 Dask events, the scheduler's HTTP server serves ``/adadamp`` and its JSON, and a real headless
 Chromium renders it with the numbers of ``history_``."""
 
+import configparser
 import json
+import logging
 import re
 import subprocess
+import urllib.error
+import urllib.parse
 import urllib.request
+from pathlib import Path
 
+import dask
 import numpy as np
+import psutil
 import pytest
+from distributed import Client, LocalCluster
 from sklearn.datasets import load_digits
 
 from adadamp import DaskClassifier, dashboard
+from adadamp.callbacks import Callback
 from adadamp.dampers import GeoDamp
 
 
@@ -102,3 +111,118 @@ def test_chromium_renders_the_live_page(client, cluster, digits, chromium):
     plotted = re.search(r"points plotted: (\d+)", dom)  # Bokeh loaded and its data source polled the fit
     assert plotted and int(plotted.group(1)) == est.loop_.n_updates
     assert "GeoDamp" in dom and "finished" in dom
+
+
+def _dump_dom(chromium, url: str) -> str:
+    proc = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_the_page_runs_no_script_it_was_given(client, cluster, chromium):
+    """Issue 34, item 3: a fit id in the address and a class named like HTML stay text in a real browser."""
+    evil = "<img src=x onerror=document.body.dataset.pwned=1>"
+    params = dashboard.short_params({"module": type(evil, (), {}), "note": evil})
+    publisher = dashboard.Publisher(client, evil, params, n_data=10, epochs=1)
+    publisher.update(1, {"loss": 0.5, "batch_size": 10, "n_workers": 1})
+    publisher.end()
+
+    dom = _dump_dom(chromium, _page(cluster) + f"?fit={publisher.fit}")
+    assert "data-pwned" not in dom, dom[-3000:]
+    assert "fit " + publisher.fit in dom  # the page did render this fit, with the name as text
+    assert dom.count("&lt;img src=x onerror=document.body.dataset.pwned=1&gt;") >= 3  # title, option, parameters
+
+    injected = "</script><script>document.body.dataset.pwned=2</script>"
+    url = _page(cluster) + "?fit=" + urllib.parse.quote(injected)
+    assert "data-pwned" not in _dump_dom(chromium, url)
+    assert _status(url) == 400
+
+
+def test_fit_ids_are_checked(client, cluster):
+    data = _page(cluster) + "/data.json?fit="
+    assert _status(data + urllib.parse.quote('"><b>')) == 400
+    assert _status(_page(cluster) + "?fit=0123456789ab") == 404  # well formed, but no such fit
+    assert _status(data + "0123456789ab") == 404
+    with pytest.raises(urllib.error.HTTPError) as err:
+        _get(data + "x")
+    assert "fit" in err.value.read().decode()  # the message names the parameter
+
+
+def _handler_rules(dask_scheduler) -> int:
+    return len(dask_scheduler.http_application.default_router.rules)
+
+
+def test_the_page_is_served_on_a_cluster_started_without_its_route(digits, capsys):
+    """Issue 35, item 2: a notebook's ``Client()`` (no route config) serves the page once a fit ran on it,
+    its address is printed when the fit starts, and the fit's data stays after the fit."""
+    X, y = digits
+    routes = [r for r in dask.config.get("distributed.scheduler.http.routes") if r != "adadamp.dashboard"]
+    with (
+        dask.config.set({"distributed.scheduler.http.routes": routes}),  # Dask's defaults (the session's has it)
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                     silence_logs=logging.ERROR) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        page = _page(cluster)
+        assert _status(page) == 404  # Dask's own server, without adadamp's route
+        est = DaskClassifier(client=client, max_epochs=1, verbose=1, random_state=0).fit(X[:300], y[:300])
+        printed = re.findall(r"live training page: (\S+)", capsys.readouterr().out)
+        assert len(printed) == 1 and printed[0].startswith(page + "?fit=")
+        fit = printed[0].rsplit("=", 1)[1]
+        summary = json.loads(_get(page + "/data.json?fit=" + fit))
+        assert summary["fit"] == fit and summary["progress"]["state"] == "finished"
+        assert summary["progress"]["updates"] == est.loop_.n_updates
+        assert "<title>adadamp: training</title>" in _get(printed[0])
+
+        rules = client.run_on_scheduler(_handler_rules)
+        est.fit(X[:300], y[:300])  # the next fit finds the route there and adds nothing
+        assert client.run_on_scheduler(_handler_rules) == rules
+        assert len(json.loads(_get(page + "/data.json"))["fits"]) == 2
+
+
+def test_the_route_is_not_added_twice_where_configured(client, cluster, digits):
+    rules = client.run_on_scheduler(_handler_rules)
+    assert dashboard.serve(client) == _page(cluster)
+    assert client.run_on_scheduler(_handler_rules) == rules
+
+
+def test_the_embedded_clusters_dashboard_listens_on_loopback(digits, capsys):
+    X, y = digits
+    listening = []
+
+    class Sockets(Callback):
+        def on_train_begin(self, estimator, **info):
+            connections = psutil.Process().net_connections("tcp")
+            listening.extend(c.laddr for c in connections if c.status == psutil.CONN_LISTEN)
+
+    DaskClassifier(max_epochs=1, verbose=1, callbacks=[Sockets()], random_state=0).fit(X[:200], y[:200])
+    port = int(re.search(r"live training page: http://[^/]+:(\d+)/adadamp", capsys.readouterr().out).group(1))
+    assert {a.ip for a in listening if a.port == port} == {"127.0.0.1"}
+
+
+def test_the_install_brings_bokeh():
+    """The README's ``pip install`` serves the page: Bokeh is a core dependency, not only an extra."""
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    required = [re.split(r"[<>=\[ ]", line.strip())[0] for line in config["options"]["install_requires"].split("\n")]
+    assert "bokeh" in required
+
+
+def test_the_monitoring_guide_says_why_the_task_stream_is_idle():
+    """Issue 35: a user watching Dask's task stream sees nothing; the guide says why and where to look."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "monitoring.rst").read_text()
+    section = guide[guide.index("Why Dask's task stream stays idle"):]
+    section = section[: section.index("\n\n**")]
+    assert "bypassing" in section and "scheduler" in section and "/adadamp" in section
+    assert "live training page: http://127.0.0.1:PORT/adadamp" in guide  # what a fit prints

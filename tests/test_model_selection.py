@@ -14,7 +14,8 @@ from scipy.stats import loguniform
 from sklearn.datasets import load_digits
 from sklearn.model_selection import GridSearchCV, RandomizedSearchCV
 
-from adadamp import DaskClassifier
+from adadamp import DaskClassifier, close_embedded_cluster
+from adadamp.cluster import embedded_cluster
 from adadamp.dampers import Constant, GeoDamp
 
 # Schedules as a damper class with routed parameters and as damper instances; the two kinds
@@ -65,14 +66,14 @@ def test_randomized_search_over_schedules_on_users_cluster(client, digits):
 
 
 def test_randomized_search_on_embedded_cluster(digits, new_processes):
-    """No client: every fit of the search starts a LocalCluster and closes it (no leftover processes)."""
+    """No client: the search's fits share the embedded cluster, which leaves no process once closed."""
     from distributed import default_client
 
     with pytest.raises(ValueError):
         default_client()
     X, y = digits
     search = RandomizedSearchCV(
-        DaskClassifier(max_epochs=1, max_workers=1, random_state=0),  # one worker per fit: quick to start
+        DaskClassifier(max_epochs=1, max_workers=1, random_state=0),  # one worker: quick to start
         SCHEDULES,
         n_iter=2,
         cv=2,
@@ -81,7 +82,10 @@ def test_randomized_search_on_embedded_cluster(digits, new_processes):
         error_score="raise",
     ).fit(X, y)
     check_results(search, 2)
-    assert new_processes() == [], "an embedded cluster left processes behind"
+    assert embedded_cluster() is not None  # kept for the next fits
+    close_embedded_cluster()
+    assert embedded_cluster() is None
+    assert new_processes() == [], "the closed embedded cluster left processes behind"
 
 
 def _on_worker(estimator, X, y) -> float:

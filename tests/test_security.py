@@ -1,23 +1,38 @@
 """Other local users and files on disk are not trusted (DESIGN.md §4): shared memory is private to
-the user who trains, a /dev/shm too small for the fit costs speed and not the process, and a
-checkpoint file can neither run code nor be one that others could have written."""
+the user who trains, a /dev/shm too small for the fit costs speed and not the process, a
+checkpoint file can neither run code, be one that others could have written, nor change classes,
+connections to a worker's channel cannot stall or end the fit, and a worker's memory does not
+grow with the whole data set."""
 
+import logging
 import os
 import pickle
+import socket
 import stat
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+import tracemalloc
 from pathlib import Path
 
+import cloudpickle
 import dask
 import numpy as np
 import pytest
 import torch
+from distributed import Client, LocalCluster
+from distributed.protocol import to_serialize
 
-from adadamp import DaskRegressor, checkpoint, shm
+from adadamp import DaskRegressor, _worker, checkpoint, shm
+from adadamp._worker import TrainerPlugin
 from adadamp.callbacks import Callback
+from adadamp.channel import Channel, ChannelServer
 from adadamp.dampers import AdaScale, GeoDamp
+from adadamp.engine.transport import Transport
+from adadamp.records import GradientReply, ShareRequest
+from adadamp.resident import ResidentData
 
 ROOT = os.geteuid() == 0
 NOBODY = 65534
@@ -263,3 +278,185 @@ def test_a_checkpoint_of_another_fit_is_not_taken_for_this_one(data, tmp_path, c
         DaskRegressor(max_epochs=1, batch_size=16, random_state=0, checkpoint=path).fit(flipped, y)
     more = DaskRegressor(max_epochs=2, batch_size=16, random_state=0, checkpoint=path).fit(X, y)
     assert len(more.history_) == 2  # the same fit with more epochs resumes
+
+
+# -------------------------------------------------------------------------------- channels
+def _answer(weights, indices, *_):
+    return {"grad": None, "buffers": None, "n": len(indices), "loss_sum": 0.0, "chunk_sq_norm_sum": 0.0,
+            "n_chunks": 1, "compute_time": 0.0}
+
+
+def test_silent_connections_do_not_hold_up_the_client():
+    """A local user's thread holds connections that never answer the challenge: the handshakes run
+    side by side, so the client that holds the key gets in at once (it used to wait 10 s per
+    silent connection, longer than its own handshake timeout)."""
+    server = ChannelServer("127.0.0.1", _answer, n_weights=2, on_start=lambda: None)
+    holding, stop, held = threading.Event(), threading.Event(), []
+
+    def attacker():
+        for _ in range(5):
+            held.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        holding.set()
+        stop.wait(30)
+        for s in held:
+            s.close()
+
+    thread = threading.Thread(target=attacker, daemon=True)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        channel = Channel("127.0.0.1", server.port, server.token, n_weights=2, timeout=3)
+        channel.send(np.array([1, 2, 3]), 1, 0, None)
+        assert channel.receive(time.monotonic() + 5).n == 3
+        channel.close()
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+def _set_accept_timeout(seconds: float) -> float:
+    from adadamp import channel
+
+    old, channel.ACCEPT_TIMEOUT = channel.ACCEPT_TIMEOUT, seconds
+    return old
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_a_channel_nobody_authenticates_on_closes_but_the_fit_goes_on(client):
+    """A client that fails to authenticate falls back to Dask RPCs; when the worker's listener gives
+    up waiting (shortened here from 120 s), it closes the listener and keeps the fit's model and
+    data: the next gradient still comes back (it used to be a KeyError: the fit was dropped)."""
+    client.register_plugin(TrainerPlugin(), name=TrainerPlugin.name)
+    worker = min(client.scheduler_info(n_workers=-1)["workers"])
+    fit_id = f"adadamp-test-{os.getpid()}"
+    module = torch.nn.Linear(4, 1)
+    n_weights = sum(p.numel() for p in module.parameters())
+    transport = Transport(client, fit_id, None, timeout=30.0, n_weights=n_weights, n_buffers=0)
+    X = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    y = X.sum(axis=1, keepdims=True)
+    weights = torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy()
+    old = client.run(_set_accept_timeout, 1.0, workers=[worker])[worker]
+    try:
+        setup = {"fit_id": fit_id, "payload": cloudpickle.dumps((module, torch.nn.MSELoss(), "cpu")),
+                 "n_total": len(X), "channel": True}
+        [reply] = transport.call_all([(worker, "adadamp_setup", setup)])
+        offer = reply["channel"]
+        transport.connect(worker, {**offer, "token": bytes(len(offer["token"]))})  # a wrong key
+        assert worker not in transport.channels  # ... so its gradients go through Dask RPCs
+        blocks = to_serialize([(0, np.arange(len(X)), X, y)])
+        [placed] = transport.call_all([(worker, "adadamp_data", {"fit_id": fit_id, "add": blocks, "drop": []})])
+        assert list(placed["blocks"]) == [0]
+        share = [ShareRequest(worker, seed=0, indices=np.arange(len(X)))]
+        [before], _ = transport.round(share, 1, weights, on_reply=lambda *a: None)
+        deadline = time.monotonic() + 30
+        while not _refused(offer["port"]):  # the listener gave up waiting
+            assert time.monotonic() < deadline, "the worker kept listening"
+            time.sleep(0.1)
+        [after], _ = transport.round(share, 1, weights, on_reply=lambda *a: None)
+        assert isinstance(after, GradientReply), after
+        assert after.n == before.n == len(X)
+        np.testing.assert_array_equal(after.grad, before.grad)
+    finally:
+        client.run(_set_accept_timeout, old, workers=[worker])
+        transport.call_all([(worker, "adadamp_release", {"fit_id": fit_id})])
+        transport.close()
+
+
+# -------------------------------------------------------------------------------- worker memory
+def _index_bytes(n_total: int) -> tuple[int, int]:
+    """(bytes allocated at the peak while a worker indexes two blocks of 1000 examples out of
+    ``n_total``, bytes of those blocks)."""
+    blocks = [(b, np.arange(start, start + 1000), np.ones((1000, 2), np.float32), np.zeros(1000, np.float32))
+              for b, start in ((3, 5000), (7, 9000))]
+    tracemalloc.start()
+    try:
+        data = ResidentData(n_total, torch.device("cpu"))
+        data.update(blocks[:1], [])  # sent by the client: owned
+        data.update(blocks[1:], [], borrowed=True)  # a dask partition: borrowed
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    X, y = data.gather(np.array([9999, 5000, 9000]))
+    assert X.shape == (3, 2) and y.shape == (3,)
+    with pytest.raises(KeyError, match="not resident"):
+        data.gather(np.array([4999]))
+    return peak, sum(X.nbytes + y.nbytes for *_, X, y in blocks)
+
+
+def test_a_workers_index_grows_with_its_blocks_not_with_the_data_set():
+    """Two arrays of n_total (16 bytes per example of the whole data set) used to be allocated on
+    every worker; a worker holding two blocks now allocates about what the blocks take."""
+    small, blocks = _index_bytes(10_000)
+    large, _ = _index_bytes(10**7)
+    assert large < 4 * blocks + 65536, (large, blocks)
+    assert large < small + 4096, (small, large)
+
+
+def test_data_larger_than_the_workers_memory_fails_before_it_is_placed(tmp_path):
+    """A worker with a memory_limit of 4 MiB cannot hold 8 MiB of examples: the fit says so before
+    any block is sent (instead of workers that die, restart and die again)."""
+    X = np.random.default_rng(0).normal(size=(8192, 256)).astype(np.float32)  # 8 MiB
+    y = X[:, 0].copy()
+    # Dask's own memory management would pause or kill a 4 MiB worker: only its limit is wanted.
+    off = {f"distributed.worker.memory.{k}": False for k in ("target", "spill", "pause", "terminate")}
+    with (
+        dask.config.set(off),
+        LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="4MiB", dashboard_address=None,
+                     silence_logs=logging.ERROR) as cluster,
+        Client(cluster) as small,
+    ):
+        with pytest.raises(ValueError, match=r"needs 8\.\d+ MiB per worker on 1 worker.*memory_limit of 4\.00 MiB"):
+            DaskRegressor(max_epochs=1, client=small).fit(X, y)
+        assert small.run(lambda: len(_worker._FITS)) == {w: 0 for w in small.scheduler_info()["workers"]}
+
+
+# -------------------------------------------------------------------------------- damper state
+def _tamper(path: Path, fitted: dict) -> None:
+    payload = torch.load(path, weights_only=True)
+    payload["damper"]["fitted"].update(fitted)
+    torch.save(payload, path)
+    os.chmod(path, 0o600)
+
+
+CLASS_PATH = {  # damper.__class__.initial = 10**9; damper.__class__.__init__.__kwdefaults__ = {...}
+    "__class__": {"damper": {"classes": ["builtins.type", "builtins.object"], "fitted": {
+        "initial": {"value": 10**9},
+        "__init__": {"damper": {"classes": ["builtins.function", "builtins.object"], "fitted": {
+            "__kwdefaults__": {"value": {"initial": 10**9}}}}},
+    }}},
+}
+
+
+@pytest.mark.parametrize("fitted", [
+    CLASS_PATH,
+    {"initial": {"value": 10**9}},  # a parameter, not fitted state
+    {"not_declared_": {"value": 1}},  # a name the damper does not have
+    {"damping_": {"value": "fast"}},  # a number expected
+    {"damping_": {"damper": {"classes": ["builtins.float"], "fitted": {}}}},  # a value, not a damper
+])
+def test_a_crafted_damper_state_is_refused_and_changes_no_class(data, tmp_path, client, fitted):
+    X, y = data
+    path = tmp_path / "fit.ckpt"
+    params = {"batch_size": GeoDamp(initial=16, delay=1), "random_state": 0}
+    DaskRegressor(max_epochs=1, checkpoint=path, **params).fit(X, y)
+    _tamper(path, fitted)
+    init_defaults = GeoDamp.__init__.__kwdefaults__
+    before = {k: v for k, v in vars(GeoDamp).items() if k != "__init__"}
+    try:
+        with pytest.raises(ValueError, match=f"{path}.*damper"):
+            DaskRegressor(max_epochs=2, checkpoint=path, **params).fit(X, y)
+        assert GeoDamp.__init__.__kwdefaults__ == init_defaults
+        assert {k: v for k, v in vars(GeoDamp).items() if k != "__init__"} == before
+        assert GeoDamp().initial == 32
+    finally:  # leave the class as it was for the other tests, whatever happened
+        if "initial" in vars(GeoDamp) and "initial" not in before:
+            delattr(GeoDamp, "initial")
+        GeoDamp.__init__.__kwdefaults__ = init_defaults

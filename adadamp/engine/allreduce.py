@@ -17,11 +17,16 @@ ends.  That state is also the *commit* a group falls back to when no replica is 
 
 Membership (Holt & Sievert name the decentralized version as the next step; the group pattern
 is torchft's, scale-anchors §1): when the workers change, the next update first forms a new
-group (a new generation, with its own rendezvous prefix in a store the client serves), whose
-rank 0 is a replica of the last generation and broadcasts its state to the joiners.  A worker
-lost inside a collective makes the others' collective fail (at once when it died, after the
-collective timeout when it hangs); the update is then recomputed by the next generation from
-the committed step count: no step is taken twice and no example is lost.
+group (a new generation, with its own rendezvous keys in the scheduler, reached over Dask's
+comm: :class:`~adadamp.replica.SchedulerStore`), whose rank 0 is a replica of the last
+generation and broadcasts its state to the joiners.  A worker lost inside a collective makes the
+others' collective fail (at once when it died, after the collective timeout when it hangs); the
+update is then recomputed by the next generation from the committed step count: no step is
+taken twice and no example is lost.
+
+Gloo (and NCCL) neither authenticate nor encrypt their traffic, and this torch has no TLS
+transport for gloo: on a cluster whose comm is encrypted the backend refuses to start unless the
+user accepts plaintext collectives (:func:`check_plaintext`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import datetime
 import io
 import logging
 import math
@@ -39,10 +43,8 @@ import cloudpickle
 import dask
 import numpy as np
 import torch
-import torch.distributed as dist
-from distributed.comm import get_address_host
+from distributed import Client
 from distributed.protocol import to_serialize
-from distributed.utils import get_ip
 
 from ..dampers import BaseDamper, GradStats
 from ..exceptions import CollectiveError, NoWorkersError
@@ -58,6 +60,31 @@ from .transport import LOST
 logger = logging.getLogger(__name__)
 
 _NO_INDICES = np.zeros(0, dtype=np.int64)
+
+#: dask config key: train with plaintext collectives on a cluster whose comm is encrypted.
+ALLOW_PLAINTEXT = "adadamp.allreduce.allow-plaintext"
+
+
+def check_plaintext(client: Client) -> None:
+    """Refuse a cluster whose comm is TLS (or any scheme but ``tcp://``, or that requires
+    encryption) unless dask config ``adadamp.allreduce.allow-plaintext`` is set: the replicas'
+    collectives would send gradients, weights and optimizer state there in plaintext."""
+    if dask.config.get(ALLOW_PLAINTEXT, False):
+        return
+    address = client.scheduler.address
+    reasons = []
+    if not address.startswith("tcp://"):
+        reasons.append(f"its scheduler is at {address}")
+    if client.security.require_encryption or dask.config.get("distributed.comm.require-encryption", False):
+        reasons.append("distributed.comm.require-encryption is set")
+    if reasons:
+        raise ValueError(
+            f"backend='allreduce' on this cluster: {' and '.join(reasons)}, so Dask's comm is meant to be encrypted, "
+            "but the replicas' collectives (gloo, NCCL) send gradients, weights and optimizer state in plaintext "
+            "(this torch has no TLS transport for them). Use backend='parameter-server', which keeps every message "
+            "on Dask's comm, or, where the network between the workers is trusted, accept plaintext collectives: "
+            f"dask.config.set({{{ALLOW_PLAINTEXT!r}: True}})."
+        )
 
 
 def collective_timeout(update_timeout: float) -> float:
@@ -104,15 +131,15 @@ class AllReduce(ParameterServer):
 
     # ------------------------------------------------------------------ set-up
     def _acquire(self, stack: contextlib.ExitStack) -> None:
-        timeout = collective_timeout(self._policy.update_timeout)
-        self._store = dist.TCPStore(
-            "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout)
-        )
-        stack.callback(lambda: setattr(self, "_store", None))  # the store's server stops with the object
-        # the address this machine reaches the scheduler from: the workers reach the store there
-        self._store_address = (get_ip(get_address_host(self.client.scheduler.address)), self._store.port)
+        check_plaintext(self.client)  # before any work on the cluster
+        stack.callback(self._forget_rendezvous)
         self._payload_at = self.loop.n_updates
         super()._acquire(stack)
+
+    def _forget_rendezvous(self) -> None:
+        """Empty the fit's rendezvous keys in the scheduler (an empty entry is left: Dask has no delete)."""
+        with contextlib.suppress(Exception):  # the scheduler may be gone
+            self.client.sync(self.client.scheduler.set_metadata, keys=[self.fit_id], value={}, callback_timeout=5.0)
 
     def _module_payload(self) -> bytes:
         # one pickle: the optimizer's state keeps pointing at the module's parameters
@@ -127,7 +154,6 @@ class AllReduce(ParameterServer):
     def _setup_kwargs(self, worker: str) -> dict:
         kwargs = super()._setup_kwargs(worker)
         kwargs["replica"] = {
-            "store": self._store_address,
             "timeout": collective_timeout(self.policy.update_timeout),
             "bucket_mb": float(dask.config.get("adadamp.allreduce.bucket-mb", 25.0)),
             "applied": self._payload_at,

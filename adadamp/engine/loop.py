@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import numpy as np
 import torch
@@ -22,13 +23,16 @@ from .backend import Backend
 
 logger = logging.getLogger(__name__)
 
+#: With ``verbose``, the fit's first epoch prints its time left after this many updates (or seconds).
+FIRST_ESTIMATE = (5, 10.0)
+
 
 class FitLoop:
     """Runs ``epochs`` epochs of ``state`` on a backend (a :class:`~adadamp.engine.ParameterServer`).
 
     ``checkpoint`` (a path or None) is written after every epoch and every ``checkpoint_every``
-    updates; ``valid`` is ``(X, y)`` held out for ``valid_loss``; ``verbose`` prints a row per
-    epoch.
+    updates; ``valid`` is ``(X, y)`` held out for ``valid_loss``; ``verbose`` prints the live page's
+    address, the time left once the first updates were measured, and a row per epoch.
     """
 
     def __init__(self, estimator, state: TrainingState, *, checkpoint=None, checkpoint_every=None, verbose=0,
@@ -54,21 +58,43 @@ class FitLoop:
             self._backend.sync()
             checkpoint_mod.save(self.checkpoint, self.state, updates)
         self._publisher.update(self.state.loop.n_updates, updates[-1])
-        self.call("on_update_end", record=updates[-1])
+        eta = self._time_left(updates)
+        first = len(updates) >= FIRST_ESTIMATE[0] or time.monotonic() - self._epoch_start >= FIRST_ESTIMATE[1]
+        if self.verbose and self._untold and first:
+            self._untold = False
+            print(f"time left: about {eta:.1f} s (estimated from the first {len(updates)} updates)", flush=True)
+        self.call("on_update_end", record=updates[-1], eta=eta)
+
+    def _time_left(self, updates: list[dict]) -> float | None:
+        """Seconds left now: the epoch's starting estimate less the time since, or, in an epoch that
+        started with nothing measured (a fit's first), estimated from its own updates (once a second:
+        each estimate reads every update so far)."""
+        now = time.monotonic()
+        if self._eta is None or (self._measuring and now - self._eta_at >= 1.0):
+            self._eta, self._eta_at = time_left(self.state, self._last_epoch, updates), now
+        return None if self._eta is None else max(0.0, self._eta - (now - self._eta_at))
 
     def run(self, backend: Backend, epochs: int, epoch_updates: list[dict]) -> None:
         """``epoch_updates``: the records of the current epoch's earlier updates (resuming mid-epoch)."""
         s = self.state
         last_epoch = math.floor(s.loop.epoch + 1e-9) + epochs  # where this call ends on the epoch clock
-        self._backend = backend
+        self._backend, self._last_epoch = backend, last_epoch
         self._publisher = dashboard.Publisher(
             backend.client, type(self.estimator).__name__,
             dashboard.short_params(self.estimator.get_params(deep=False)), s.loop.n_data, last_epoch,
         )
+        if self._publisher.url is not None:  # printed where the user looks; logged at verbose=0
+            if self.verbose:
+                print(f"live training page: {self._publisher.url}", flush=True)
+            else:
+                logger.info("live training page: %s", self._publisher.url)
         self.call("on_train_begin")
         try:
             for _ in range(epochs):
-                eta = time_left(s, last_epoch)
+                eta = time_left(s, last_epoch, epoch_updates)
+                self._eta, self._eta_at = eta, time.monotonic()
+                self._epoch_start = self._eta_at
+                self._measuring = self._untold = eta is None  # nothing measured yet: estimate as updates come
                 self.call("on_epoch_begin", epoch=len(s.history) + 1, n_data=s.loop.n_data, eta=eta)
                 row = backend.run_epoch(epoch_updates, self._on_update)
                 epoch_updates = []
@@ -77,10 +103,10 @@ class FitLoop:
                 s.history.append(row)
                 if self.checkpoint is not None:
                     checkpoint_mod.save(self.checkpoint, s, [])
+                left = time_left(s, last_epoch)  # with this epoch's updates measured
                 if self.verbose:
-                    left = None if eta is None else max(0.0, eta - row["dur"])
                     print_row(row, header=len(s.history) == 1, eta=left)
-                self._publisher.epoch(row, eta)
+                self._publisher.epoch(row, left)
                 self.call("on_epoch_end", row=row)
         except callbacks_mod.StopTraining as stop:
             logger.info("training stopped early: %s", stop)
@@ -91,25 +117,31 @@ class FitLoop:
         self.call("on_train_end")
 
 
-def validation_loss(state: TrainingState, X: np.ndarray, y: np.ndarray) -> float:
-    """Mean criterion over held-out data (eval mode, on the client)."""
-    module, criterion = state.module, state.criterion
+def validation_loss(state: TrainingState, X: np.ndarray, y: np.ndarray, criterion=None) -> float:
+    """Mean criterion over held-out data (eval mode, on the client); ``criterion``: a
+    :class:`~adadamp.sample_weight.SampleWeightedLoss` when ``y`` carries sample weights."""
+    module = state.module
     module.eval()
-    total = 0.0
+    total = weight = 0.0
     with torch.no_grad():
         for start in range(0, len(X), 4096):
             xb, yb = torch.tensor(X[start : start + 4096]), torch.from_numpy(y[start : start + 4096])
-            total += float(criterion(module(xb), yb)) * len(xb)
+            if criterion is None:
+                total, weight = total + float(state.criterion(module(xb), yb)) * len(xb), weight + len(xb)
+            else:
+                batch_total, batch_weight = criterion.sum_and_weight(module(xb), yb)
+                total, weight = total + float(batch_total), weight + batch_weight
     module.train()
-    return total / len(X)
+    return total / weight
 
 
-def time_left(state: TrainingState, last_epoch: int) -> float | None:
+def time_left(state: TrainingState, last_epoch: int, current: list[dict] = ()) -> float | None:
     """Seconds until the epoch clock reaches ``last_epoch``: the schedule's coming batch sizes (the
     damper's pure ``forecast_batch_size`` per epoch; the last batch size where it has no forecast)
     times the update time measured so far in this fit, as a line in the batch size fitted to the
-    updates.  None before any update was measured."""
-    done = [u for row in state.history for u in row["updates"]]
+    updates.  ``current``: the records of the epoch in progress (not in ``history`` yet).  None
+    before any update was measured."""
+    done = [u for row in state.history for u in row["updates"]] + list(current)
     if not done:
         return None
     sizes = np.array([u["batch_size"] for u in done], dtype=float)
@@ -119,11 +151,12 @@ def time_left(state: TrainingState, last_epoch: int) -> float | None:
         slope, base = np.polyfit(sizes, times, 1)
         if slope < 0 or base < 0:  # noise: a line through nothing real
             slope, base = 0.0, float(np.mean(times))
-    return sum(base + slope * b for b in coming_batches(state, last_epoch))
+    return sum(base + slope * b for b in coming_batches(state, last_epoch, int(sizes[-1])))
 
 
-def coming_batches(state: TrainingState, last_epoch: int) -> list[int]:
-    """The batch sizes of the updates until ``last_epoch``, from the schedule's forecasts.
+def coming_batches(state: TrainingState, last_epoch: int, last: int | None = None) -> list[int]:
+    """The batch sizes of the updates until ``last_epoch``, from the schedule's forecasts (where it has
+    none: ``last``, the latest update's batch size, else the last epoch's).
 
     Examples
     --------
@@ -134,7 +167,9 @@ def coming_batches(state: TrainingState, last_epoch: int) -> list[int]:
     [4, 1, 8, 2]
     """
     loop, damper = state.loop, state.damper
-    last = (state.history[-1]["updates"][-1]["batch_size"] if state.history else None) or 1
+    if last is None:
+        last = state.history[-1]["updates"][-1]["batch_size"] if state.history else None
+    last = last or 1
     batches, epoch = [], math.floor(loop.epoch + 1e-9)
     left = round(loop.epoch_end() - loop.progress)  # examples left in the current epoch
     while epoch < last_epoch:

@@ -58,6 +58,7 @@ class Membership:
         self.workers: list[str] = []
         self.set_up: set[str] = set()  # workers that may hold this fit's state (released at the end)
         self.requested: int | None = None
+        self.limit: int | None = None  # a shared cluster: the most workers this fit uses (the rest serve others)
         self._last_refresh = -math.inf
         self._known: set[str] | None = None  # live workers at the last full look
         self._latest: dict | BaseException | None = None  # the watcher's latest report
@@ -133,6 +134,8 @@ class Membership:
         joined = sorted(
             w for w in live if w not in self.workers and w not in lost and w not in pending and not self.quarantined(w)
         )
+        if self.limit is not None:
+            joined = joined[: max(0, self.limit - len(survivors) - len(pending))]
         # While training runs on other workers, joiners are set up in the background and take part
         # from the first look after their set-up is done (a slow set-up never stalls an update).
         background = not force and not lost and bool(survivors)
@@ -255,10 +258,13 @@ class Membership:
 
     def scale_for(self, batch_size: int, ahead: int) -> None:
         """Size the cluster for ``max(batch_size, ahead)``, wait (bounded, once) for what
-        ``batch_size`` needs, and ask again for workers that stay missing."""
+        ``batch_size`` needs, and ask again for workers that stay missing.  On a shared cluster the
+        fit uses what ``batch_size`` wants, whatever the cluster has (the same as on its own)."""
         self.scale_to(self.policy.wanted(max(batch_size, ahead)))
+        if self.policy.shared:
+            self._use(self.policy.wanted(batch_size))
         self._wait_for_growth(self.policy.wanted(batch_size))
-        if len(self.workers) < (self.requested or 0):
+        if len(self.workers) < ((self.requested or 0) if self.limit is None else self.limit):
             self._short_since = min(self._short_since, time.monotonic())
             self.heal()
         else:
@@ -266,6 +272,11 @@ class Membership:
 
     def scale_to(self, n: int) -> None:
         if n == self.requested:
+            return
+        if self.policy.shared:  # other fits may use its workers: grow it, never retire one
+            cl.request_workers(self.client, n)
+            logger.info("asked the shared cluster for at least %d workers", n)
+            self.requested = n
             return
         live = list(self.workers) or list(cl.live_workers(self.client))
         if n < len(live) and self.workers:
@@ -280,6 +291,21 @@ class Membership:
             return
         logger.info("asked the cluster for %d workers (%d live)", n, len(live))
         self.requested = n
+
+    def _use(self, n: int) -> None:
+        """Train on ``n`` of a shared cluster's workers: leave the last ones (they stay in the
+        cluster), or let idle ones join at the next look."""
+        if n == self.limit:
+            return
+        self.limit = n
+        self._known = None  # look again at the next refresh
+        if n < len(self.workers):
+            left = self.workers[n:]
+            lost = self._change_to(self.workers[:n])
+            for w in left:
+                self.transport.forget(w)
+            if lost:
+                self.refresh(force=True, lost=lost)
 
     def _wait_for_growth(self, wanted: int) -> None:
         """When the batch outgrows the cluster, wait (bounded, once) for the workers asked for."""

@@ -34,6 +34,7 @@ import cloudpickle
 import dask
 import numpy as np
 import torch
+from dask.utils import format_bytes
 from distributed import Client
 
 from .. import cluster as cl
@@ -170,6 +171,8 @@ class ParameterServer:
             self.client, self._policy, transport, setup=self._setup_kwargs, place=self._place,
             n_updates=lambda: self.loop.n_updates,
         )
+        if self._policy.shared:  # as many workers as on a cluster of its own (the embedded one's start)
+            self.members.limit = self._policy.first_workers(self.damper.forecast_batch_size(self.loop.epoch))
         self.transport = transport
         self.client.register_plugin(TrainerPlugin(), name=TrainerPlugin.name)
         stack.callback(self.members.release)
@@ -263,12 +266,43 @@ class ParameterServer:
         """
         preferred = self.data.preferred(self.placement)  # where Dask holds a block already (dask data)
         owner, add, drop = plan_moves(self.placement.names(self.workers), new_workers, preferred)
+        self._check_memory(owner, new_workers)
         timeout = max(60.0, self.policy.update_timeout)
         failed = self.data.move(self.transport, self.placement, add, drop, timeout)
+        self._placed = True
         self.placement.assign(owner, new_workers)
         sizes = sorted(int(c) for c in np.bincount(self.placement.owner, minlength=len(new_workers)))
         logger.info("workers: %d, blocks per worker: %s", len(new_workers), sizes)
         return failed
+
+    def _check_memory(self, owner: list[str], workers: list[str]) -> None:
+        """Refuse a fit's first placement when it gives a worker more examples than its
+        ``memory_limit`` holds, before any block moves (a worker over its limit dies, restarts and
+        dies again).  Later placements (a cluster that shrank), and a first one on a cluster that
+        may still grow for the fit, only warn: the fit keeps its weights and may go on."""
+        if isinstance(self.data, DatasetData):  # read example by example: nothing is placed
+            return
+        X, y = self.data.X, self.data.y
+        per_example = sum(math.prod(a.shape[1:]) * np.dtype(a.dtype).itemsize for a in (X, y))
+        examples = dict.fromkeys(workers, 0)
+        for b, w in enumerate(owner):
+            examples[w] += len(self.placement.rows(b))
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        for w in workers:
+            limit = info.get(w, {}).get("memory_limit") or 0  # 0: no limit
+            needed = examples[w] * per_example
+            if limit and needed > limit:
+                error = ValueError(
+                    f"The training data needs {format_bytes(needed)} per worker on {len(workers)} worker(s) "
+                    f"({examples[w]} examples of {per_example} bytes on {w}), more than its memory_limit "
+                    f"of {format_bytes(limit)}. Use more workers, workers with a larger "
+                    "memory_limit, or pass a torch Dataset as X (read example by example, never held whole)."
+                )
+                may_grow = self.policy.scale and len(workers) < self.policy.max_workers
+                if getattr(self, "_placed", False) or may_grow:
+                    logger.warning("%s", error)
+                    return
+                raise error
 
     # ------------------------------------------------------------------ training
     def _gradients(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None = None) -> Totals:
