@@ -25,7 +25,7 @@ _EXPORTS = {
     "MLflowLogger": "loggers",
     "MlflowLogger": "loggers",  # skorch's spelling
     "ProgressBar": "callbacks",
-    "close_embedded_cluster": "cluster",
+    "close_embedded_cluster": "embedded",
     **{
         name: "dampers"
         for name in (
@@ -45,7 +45,7 @@ _EXPORTS = {
         )
     },
 }
-_SUBMODULES = ("callbacks", "checkpoint", "cluster", "dampers", "engine", "estimators", "loggers", "plot", "simulate")
+_SUBMODULES = ("callbacks", "checkpoint", "cluster", "dampers", "embedded", "engine", "estimators", "loggers", "plot", "simulate")
 
 __all__ = [
     "MLP",
