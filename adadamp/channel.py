@@ -50,12 +50,14 @@ from .records import GradientReply
 
 # Request: number of indices (-1 closes), chunks, seed, number of weights sent (0: shared memory),
 # the data epoch of the indices, number of examples to load ahead (keys: epoch * n + index),
-# number of float64 "step" values (an all-reduce fit's update number and pending step, else 0).
-REQUEST = struct.Struct("<qqqqqqq")
+# number of float64 "step" values (an all-reduce fit's update number and pending step, else 0),
+# 1 to have the gradient in the reply even where it would go to shared memory (else 0).
+REQUEST = struct.Struct("<qqqqqqqq")
 # Reply: status (0 ok, 1 error), n, n_chunks, gradient floats, buffer floats, error bytes,
 # loss sum, chunk squared-norm sum, compute seconds, the loss's normalizer (weighted count),
-# the squared norm of the all-reduced mean gradient (NaN: not computed; the parameter server's).
-REPLY = struct.Struct("<qqqqqqddddd")
+# the squared norm of the all-reduced mean gradient (NaN: not computed; the parameter server's),
+# the examples' digest (records.examples_digest).
+REPLY = struct.Struct("<qqqqqqdddddQ")
 MAX_STEP = 4096  # step values an all-reduce request may carry (two per optimizer param group)
 TOKEN_BYTES = 32  # the per-fit key
 NONCE_BYTES = 16
@@ -283,7 +285,7 @@ class ChannelServer:
         return True
 
     def _serve_one(self, conn: socket.socket) -> bool:
-        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, n_step = _recv_header(conn, REQUEST)
+        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, n_step, in_reply = _recv_header(conn, REQUEST)
         self._used = True
         if n_idx < 0:
             return False
@@ -307,10 +309,10 @@ class ChannelServer:
             recv_exactly(conn, _as_bytes(self._weights))
             weights = self._weights
         try:
-            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead, step)
+            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead, step, bool(in_reply))
         except Exception as err:  # noqa: BLE001 -- any error is the client's to raise
             message = f"{type(err).__name__}: {err}".encode(errors="replace")[:MAX_ERROR_BYTES]
-            conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0, 0.0) + message)
+            conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0, 0.0, 0) + message)
             return True
         grad, buffers = r["grad"], r["buffers"]
         header = REPLY.pack(
@@ -325,6 +327,7 @@ class ChannelServer:
             r["compute_time"],
             r.get("weight", r["n"]),
             r.get("grad_sq_norm", math.nan),
+            r.get("digest", 0),
         )
         send_all(conn, [header] + [_as_bytes(a) for a in (grad, buffers) if a is not None])
         return True
@@ -374,15 +377,18 @@ class Channel:
         epoch: int = 0,
         ahead: np.ndarray | None = None,
         step: np.ndarray | None = None,
+        in_reply: bool = False,
     ) -> None:
         """Ask for the gradient over ``indices`` (send ``weights`` unless the worker maps them);
         ``ahead``: the examples the worker may start loading for the next request; ``step``: an
-        all-reduce fit's update number and the step it applies first (float64)."""
+        all-reduce fit's update number and the step it applies first (float64); ``in_reply``:
+        the gradient comes in the reply even if the worker maps shared memory."""
         ahead = np.zeros(0, dtype=np.int64) if ahead is None else ahead
         both = np.concatenate([np.asarray(indices, dtype=np.int64), np.asarray(ahead, dtype=np.int64)])
         step = np.zeros(0) if step is None else np.asarray(step, dtype=np.float64)
         header = REQUEST.pack(
-            len(indices), n_chunks, seed, 0 if weights is None else weights.size, epoch, len(ahead), len(step)
+            len(indices), n_chunks, seed, 0 if weights is None else weights.size, epoch, len(ahead), len(step),
+            int(in_reply),
         )
         parts = [header, _as_bytes(both)] + ([_as_bytes(step)] if len(step) else [])
         parts += [] if weights is None else [_as_bytes(weights)]
@@ -392,8 +398,8 @@ class Channel:
     def receive(self, deadline: float) -> GradientReply:
         """The reply to the last :meth:`send`; ``TimeoutError`` after ``deadline`` (monotonic)."""
         self.sock.settimeout(max(1e-3, deadline - time.monotonic()))
-        status, n, n_chunks, n_grad, n_buffers, n_error, loss_sum, sq_sum, compute, weight, grad_sq = _recv_header(
-            self.sock, REPLY
+        status, n, n_chunks, n_grad, n_buffers, n_error, loss_sum, sq_sum, compute, weight, grad_sq, digest = (
+            _recv_header(self.sock, REPLY)
         )
         if not (0 <= n_error <= MAX_ERROR_BYTES and n_grad in (0, self.n_weights) and 0 <= n_buffers <= self.n_buffers):
             raise ConnectionError(f"malformed reply ({n_grad} gradient, {n_buffers} buffer floats, {n_error} bytes)")
@@ -414,10 +420,12 @@ class Channel:
         if n_buffers:
             buffers = np.empty(n_buffers, dtype=np.float32)
             recv_exactly(self.sock, _as_bytes(buffers))
-        return GradientReply(n, loss_sum, sq_sum, n_chunks, compute, grad, buffers, weight=weight, grad_sq_norm=grad_sq)
+        return GradientReply(
+            n, loss_sum, sq_sum, n_chunks, compute, grad, buffers, weight=weight, grad_sq_norm=grad_sq, digest=digest
+        )
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0, 0))
+            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0, 0, 0))
         with contextlib.suppress(OSError):
             self.sock.close()

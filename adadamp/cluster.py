@@ -132,13 +132,22 @@ def heal(client: Client, n: int, gone: set[str]) -> None:
     SpecCluster keeps the spec of a job that died and resubmits it only after
     ``lost-worker-timeout`` (dask-engine.md §3.5); dropping the specs of the
     workers that are ``gone`` (by name) first makes ``scale(n)`` submit
-    replacements now.  Specs of workers still starting or queued are kept.
+    replacements now.  Specs of workers still starting or queued are kept, and so are those of
+    workers the scheduler still lists: on a shared cluster (the embedded one) another fit may be
+    training on a worker this fit left out.
     """
     cluster = getattr(client, "cluster", None)
     if cluster is None or not hasattr(cluster, "scale"):
         return
     specs = getattr(cluster, "worker_spec", {})
-    dead = [name for name in specs if str(name) in gone or any(g.startswith(f"{name}-") for g in gone)]
+    # A name the scheduler still lists is alive (a worker this fit gave up on, or another fit's on a
+    # shared cluster): only the specs of workers the scheduler dropped are scaled down.
+    registered = {str(w.get("name")) for w in client.scheduler_info(n_workers=-1)["workers"].values()}
+    dead = [
+        name for name in specs
+        if (str(name) in gone or any(g.startswith(f"{name}-") for g in gone))
+        and not any(r == str(name) or r.startswith(f"{name}-") for r in registered)
+    ]
     if dead and hasattr(cluster, "scale_down"):
         cluster.sync(cluster.scale_down, dead)
     _scale(cluster, n)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .exceptions import ShareTooSmallError
+from .records import examples_digest
 from .sample_weight import SampleWeightedLoss
 from .seeding import generator_state, seeded
 
@@ -33,13 +34,16 @@ def share_gradient(
     seed: int,
     epoch: int = 0,
     ahead: np.ndarray = _NOTHING,
+    in_reply: bool = False,
 ) -> dict:
     """The gradient sum over ``indices`` at ``weights`` (None: already in place).
 
     The examples are resident rows, or (a lazy Dataset) read now, in data epoch ``epoch``;
     then the ``ahead`` examples of the next shares (keys ``epoch * n + index``) start loading.  Returns numpy arrays
-    (``grad`` is None when it went to shared memory) and the example count, the loss sum and,
-    with ``n_chunks > 1``, the chunk statistics AdaScale needs.
+    (``grad`` is None when it went to shared memory, unless ``in_reply``: this worker computes
+    several shards of the update, and the next one's gradient overwrites that memory) and the
+    example count, the loss sum, the examples' digest and, with ``n_chunks > 1``, the chunk
+    statistics AdaScale needs.
     """
     with state.lock:
         state.last_used = time.monotonic()
@@ -50,7 +54,9 @@ def share_gradient(
         elif not state.shared:
             state.flat.copy_(torch.from_numpy(np.asarray(weights)), non_blocking=True)
         n, weight, loss_sum, sq_sum, n_stat_chunks = gradient_sum(state, X, y, n_chunks, seed)
-        if state.shared:
+        if in_reply:
+            grad = state.grads.detach().to("cpu", copy=True).numpy()
+        elif state.shared:
             if state.device.type != "cpu":
                 state.shared_gradient.copy_(state.grads)
             grad = None  # the client reads it from shared memory
@@ -65,6 +71,7 @@ def share_gradient(
             "chunk_sq_norm_sum": sq_sum,
             "n_chunks": n_stat_chunks,
             "compute_time": time.perf_counter() - start,
+            "digest": examples_digest(indices),
         }
 
 

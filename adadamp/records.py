@@ -28,6 +28,27 @@ class GradientReply:
     buffers: np.ndarray | None
     weight: float = 0.0  # what the loss sum is normalized by: the examples, or their class weights
     grad_sq_norm: float = float("nan")  # all-reduce fits: the squared norm of the batch's mean gradient
+    digest: int = 0  # examples_digest of the examples the gradient was computed over
+
+
+def examples_digest(indices: np.ndarray) -> int:
+    """An order-free digest of example indices: the sum of their 64-bit hashes (splitmix64), modulo 2**64.
+
+    The digests of the parts of a batch add up (modulo 2**64) to the batch's, however it was
+    split; an example counted twice, or left out, changes it.
+
+    Examples
+    --------
+    >>> a, b = examples_digest(np.array([3, 1])), examples_digest(np.array([2]))
+    >>> (a + b) % 2**64 == examples_digest(np.array([1, 2, 3]))
+    True
+    >>> examples_digest(np.array([1, 2, 3])) == examples_digest(np.array([1, 2, 2, 3]))
+    False
+    """
+    z = np.asarray(indices, dtype=np.int64).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return int((z ^ (z >> np.uint64(31))).sum(dtype=np.uint64))
 
 
 @dataclass
@@ -39,7 +60,9 @@ class ShareRequest:
     the fit's seed and each example's index it seeds that example's random transforms.  The
     ``ahead`` examples are keys ``data_epoch * n_examples + index``.  ``step`` (all-reduce fits)
     is the update number and the optimizer step the worker applies before computing
-    (:mod:`adadamp.replica`).
+    (:mod:`adadamp.replica`).  ``shard`` is the shard of the batch the indices are
+    (:mod:`adadamp.engine.placement`); ``in_reply`` asks a worker that maps shared memory to send
+    the gradient in its reply all the same (it computes more than one shard of the update).
     """
 
     worker: str
@@ -48,6 +71,8 @@ class ShareRequest:
     epoch: int = 0
     ahead: np.ndarray | None = None
     step: np.ndarray | None = None
+    shard: int = 0
+    in_reply: bool = False
 
 
 @dataclass
@@ -59,6 +84,10 @@ class UpdateRecord:
     and the damper's plan, ``step_time`` the optimizer step, ``update_time`` the whole update.
     ``sent_bytes`` and ``received_bytes`` are what the client's connections to the workers carried
     for the update's round (the data plane: requests and replies; not Dask's control messages).
+    With dask config ``adadamp.debug.digests``, ``examples_digest`` is :func:`examples_digest` of
+    the examples the workers' gradients were computed over, and ``weights_digest`` a hash of the
+    weights after the step (both integers): two fits trained the same update alike exactly when
+    both match.
     """
 
     batch_size: int
@@ -73,10 +102,13 @@ class UpdateRecord:
     update_time: float
     sent_bytes: int = 0
     received_bytes: int = 0
+    examples_digest: int | None = None
+    weights_digest: int | None = None
 
     def row(self) -> dict:
-        """The record as a row of ``history_[i]["updates"]`` (a shallow dict: every field is a number)."""
-        return dict(self.__dict__)
+        """The record as a row of ``history_[i]["updates"]`` (a shallow dict: every field is a
+        number; the digests only when they were taken)."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 def epoch_row(epoch: int, updates: list[dict], n_updates: int, n_samples_seen: int, dur: float) -> dict:

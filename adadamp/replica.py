@@ -44,6 +44,7 @@ from .exceptions import CollectiveError
 from .gradient import examples, gradient_sum
 from .optimizer_plan import apply_settings
 from .parameters import trainable
+from .records import examples_digest
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -400,6 +401,7 @@ class Replica:
                 "n_chunks": int(chunks_total),
                 "compute_time": computed - start,  # loading, the step and the gradient
                 "grad_sq_norm": sq_norm if math.isfinite(sq_norm) else math.inf,
+                "digest": examples_digest(indices),  # this member's examples (the client adds them up)
             }
 
     def _reduce(self, overlap: bool, scalars: list[float], n: float) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -231,3 +231,19 @@ def test_a_script_with_a_main_guard_shares_the_cluster_and_exits_clean(tmp_path)
     left = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
     assert psutil.wait_procs(left, timeout=10)[1] == [], "the embedded cluster outlived the script"
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_healing_a_fit_never_stops_a_worker_the_scheduler_still_lists(data):
+    """A fit that gave up on a worker (a hang, a failed set-up) counts it as gone; asking the
+    embedded cluster again must not stop it: another fit of a threaded search may be training there."""
+    from adadamp.cluster import heal
+
+    DaskRegressor(**{**PARAMS, "max_epochs": 1, "scale_cluster": False}).fit(*data)
+    cluster = embedded_cluster()
+    with Client(cluster, set_as_default=False) as client:
+        before = {a: w["name"] for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+        assert len(before) == 2
+        heal(client, 2, gone={str(name) for name in before.values()})
+        time.sleep(1.0)
+        after = set(client.scheduler_info(n_workers=-1)["workers"])
+    assert after == set(before), "heal stopped a live worker"

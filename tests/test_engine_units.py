@@ -32,34 +32,48 @@ def test_sampler_resumes_mid_epoch_from_the_loop_state():
     assert np.array_equal(resumed.take(3), b) and np.array_equal(resumed.take(3), c)
 
 
-@pytest.mark.parametrize("n_blocks", [1, 7, 256])
-def test_plan_moves_balances_and_moves_as_little_as_possible(n_blocks):
+@pytest.mark.parametrize("n_blocks", [3, 7, 256])
+def test_plan_moves_balances_shards_and_moves_as_little_as_possible(n_blocks):
     old = [None] * n_blocks
-    owner, add, drop = plan_moves(old, ["a", "b", "c"])
-    counts = [owner.count(w) for w in "abc"]
-    assert max(counts) - min(counts) <= 1 and sum(counts) == n_blocks
-    assert sum(len(v) for v in add.values()) == n_blocks and not any(drop.values())
-    # one worker joins: only the blocks it takes move; the others keep theirs
-    owner2, add2, drop2 = plan_moves(owner, ["a", "b", "c", "d"])
-    moved = [b for b in range(n_blocks) if owner[b] != owner2[b]]
-    assert sorted(add2["d"]) == moved and all(owner2[b] == "d" for b in moved)
-    assert len(moved) == owner2.count("d") == n_blocks // 4 + (3 < n_blocks % 4)
-    assert sorted(b for w in "abc" for b in drop2[w]) == moved
-    # one leaves: its blocks go to the survivors, nobody else's move
-    owner3, _, _ = plan_moves(owner2, ["a", "c", "d"])
-    assert [b for b in range(n_blocks) if owner2[b] != owner3[b]] == [b for b in range(n_blocks) if owner2[b] == "b"]
+    shard_of, holder, add, drop = plan_moves(old, ["a", "b", "c"], n_shards=3)
+    assert holder == ["a", "b", "c"] and sum(len(v) for v in add.values()) == n_blocks and not any(drop.values())
+    assert np.all(np.diff(shard_of) >= 0) and max(np.bincount(shard_of, minlength=3)) - min(np.bincount(shard_of, minlength=3)) <= 1
+    owner = [holder[g] for g in shard_of]
+    # one worker dies: its shard goes whole to a survivor, nobody else's moves, the shards stay the same
+    shard_of2, holder2, add2, drop2 = plan_moves(owner, ["a", "c"], n_shards=3)
+    assert shard_of2.tolist() == shard_of.tolist() and holder2 == ["a", "a", "c"]
+    assert add2 == {"a": [b for b in range(n_blocks) if owner[b] == "b"], "c": []} and not any(drop2.values())
+    # its replacement joins: it takes that shard back, and only it moves
+    owner2 = [holder2[g] for g in shard_of2]
+    _, holder3, add3, drop3 = plan_moves(owner2, ["a", "c", "d"], n_shards=3)
+    assert holder3 == ["a", "d", "c"] and add3["d"] == drop3["a"] == add2["a"]
+    # more workers than shards: the last ones hold none
+    _, holder4, _, _ = plan_moves(owner, ["a", "b", "c", "d"], n_shards=3)
+    assert holder4 == ["a", "b", "c"]
 
 
-def test_placement_routes_indices_to_the_ranks_holding_them():
+def test_more_shards_keep_most_blocks_where_they_are():
+    owner = ["a"] * 128 + ["b"] * 128  # two shards of 128 blocks, cut into three: 86, 85, 85
+    _, holder, add, drop = plan_moves(owner, ["a", "b", "c"], n_shards=3)
+    assert holder == ["a", "b", "c"]  # shard 1 holds 42 blocks of a's and 43 of b's: it goes to b
+    assert add == {"a": [], "b": list(range(86, 128)), "c": list(range(171, 256))}
+    assert drop == {"a": list(range(86, 128)), "b": list(range(171, 256)), "c": []}
+
+
+def test_placement_cuts_a_batch_by_shards_and_routes_indices_to_ranks():
     p = Placement(100, n_blocks=10)
-    owner, _, _ = plan_moves(p.names([]), ["w0", "w1", "w2"])
-    p.assign(owner, ["w0", "w1", "w2"])
+    shard_of, holder, _, _ = plan_moves(p.names([]), ["w0", "w1"], n_shards=3)
+    p.assign(shard_of, holder, ["w0", "w1"])
     idx = np.random.default_rng(0).permutation(100)[:40]
-    shares = p.shares([idx], 3)
+    shards = p.shards(idx)
+    assert [g for g, _ in shards] == [0, 1, 2]  # in shard order
+    assert sorted(np.concatenate([s for _, s in shards]).tolist()) == sorted(idx.tolist())
+    for g, sub in shards:
+        assert sub.tolist() == [i for i in idx.tolist() if p.shard_of[i // p.block_size] == g]  # order kept
+    shares = p.shares([idx], 2)
     assert sorted(np.concatenate([s for _, s in shares]).tolist()) == sorted(idx.tolist())
     for rank, sub in shares:
         assert all(p.owner[i // p.block_size] == rank for i in sub)
-        assert sub.tolist() == [i for i in idx.tolist() if p.owner[i // p.block_size] == rank]  # order kept
 
 
 @pytest.mark.parametrize(

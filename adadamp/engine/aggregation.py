@@ -1,13 +1,15 @@
-"""Where the workers' gradients are summed: in rank order, into the client's gradient buffer.
+"""Where the workers' gradients are summed: in shard order, into the client's gradient buffer.
 
-Each worker returns the gradient SUM over its share (and the example count, the loss sum and
-the statistics the damper asked for); the client adds the replies in rank order as they come in
-(so the same workers give bitwise the same sum) and divides once, by the batch's total, when the
-round is complete (DESIGN.md §2-§3).
+Each worker returns the gradient SUM over one shard of the batch (and the example count, the loss
+sum and the statistics the damper asked for); the client adds the shards in shard order as they
+come in and divides once, by the batch's total, when the round is complete (DESIGN.md §2-§3).
+Float addition is not associative, so the order is fixed by the shards and never by the workers:
+the same batch gives bitwise the same sum whichever workers, and how many, computed it (issue 27).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,33 +27,59 @@ class Totals:
     loss_sum: float = 0.0
     chunk_sq_norm_sum: float = 0.0
     n_chunks: int = 0
-    compute: float = 0.0  # the slowest worker's compute time
+    compute: float = 0.0  # the slowest worker's compute time (all its shards)
     send: float = 0.0  # seconds spent writing the requests
     buffers: np.ndarray | None = None  # running statistics weighted by examples (BatchNorm)
+    digest: int = 0  # records.examples_digest of the examples summed
 
 
 class GradientSum:
-    """Adds replies into ``grads`` (the client's flat gradient buffer)."""
+    """Adds the shards' replies into ``grads`` (the client's flat gradient buffer) in shard order.
+
+    :meth:`expect` names the update's shards; a reply that arrives before the shards ahead of it
+    (a lost shard recomputed in a later round) waits, copied, until they are in.
+    """
 
     def __init__(self, grads: np.ndarray, shared: SharedBuffers | None):
         self.grads = grads
         self.shared = shared
         self.totals = Totals()
+        self._order: list[int] = []
+        self._added = 0
+        self._waiting: dict[int, GradientReply] = {}
+        self._compute: dict[str, float] = {}
 
-    def add(self, worker: str, r: GradientReply) -> None:
-        t = self.totals
+    def expect(self, shards: list[int]) -> None:
+        """The shards of this update, in the order they are added."""
+        self._order = list(shards)
+
+    def add(self, shard: int, worker: str, r: GradientReply) -> None:
+        """Add shard ``shard``'s reply from ``worker`` (its gradient may be in shared memory)."""
+        self._compute[worker] = self._compute.get(worker, 0.0) + r.compute_time
+        self.totals.compute = max(self._compute.values())
         grad = self.shared.gradients[worker] if r.grad is None else r.grad
+        if self._order[self._added] != shard:  # buffers are reused by the next reply: keep a copy
+            self._waiting[shard] = dataclasses.replace(r, grad=np.array(grad))
+            return
+        self._fold(r, grad)
+        while self._added < len(self._order) and self._order[self._added] in self._waiting:
+            r = self._waiting.pop(self._order[self._added])
+            self._fold(r, r.grad)
+
+    def _fold(self, r: GradientReply, grad: np.ndarray) -> None:
+        t = self.totals
         with np.errstate(invalid="ignore", over="ignore"):
-            if t.n == 0:
+            if self._added == 0:
                 np.copyto(self.grads, grad)
             else:
                 np.add(self.grads, grad, out=self.grads)
         if r.buffers is not None:  # running statistics, averaged by examples
             weighted = r.buffers * r.n
-            t.buffers = weighted if t.n == 0 else t.buffers + weighted
+            t.buffers = weighted if t.buffers is None else t.buffers + weighted
         t.n += r.n
         t.loss_sum += r.loss_sum
         t.chunk_sq_norm_sum += r.chunk_sq_norm_sum
         t.n_chunks += r.n_chunks
         t.weight += r.weight
-        t.compute = max(t.compute, r.compute_time)
+        t.digest = (t.digest + r.digest) % 2**64
+        self._added += 1

@@ -280,6 +280,14 @@ class AllReduce(ParameterServer):
             raise NoWorkersError("every replica was lost before the client's copy could be brought up to date")
 
     # ------------------------------------------------------------------ training
+    def _placement_shards(self, new_workers: list[str]) -> int:
+        """One shard per replica: the group all-reduces rank by rank (its sum's order follows the group)."""
+        self.n_shards = len(new_workers)
+        return self.n_shards
+
+    def _target_shards(self, batch_size: int | None = None, workers: list[str] | None = None) -> int:
+        return len(self.workers if workers is None else workers)
+
     def _reduce(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None) -> tuple[Totals, float]:
         """One update's round on the replicas; returns the batch's totals and the squared norm of
         its mean gradient.  A lost worker: the next generation recomputes the update."""
@@ -388,8 +396,9 @@ class AllReduce(ParameterServer):
 def _collect(totals: Totals, replied: list):
     """A round's ``on_reply``: keep the replies and the slowest member's compute time."""
 
-    def add(_worker, reply) -> None:
+    def add(_request, reply) -> None:
         totals.compute = max(totals.compute, reply.compute_time)
+        totals.digest = (totals.digest + reply.digest) % 2**64
         replied.append(reply)
 
     return add

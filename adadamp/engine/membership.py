@@ -172,6 +172,21 @@ class Membership:
                 )
         return new
 
+    def replace(self) -> None:
+        """Place the data on the same workers again (the engine cut it into other shards)."""
+        lost = self._change_to(self.workers)
+        if lost:
+            self.refresh(force=True, lost=lost)
+
+    def planned(self) -> int:
+        """The workers the client's cluster means to have (a ``SpecCluster``'s ``plan``: running,
+        starting or being restarted by their nanny); 0 when the client has no such cluster."""
+        n = 0
+        with contextlib.suppress(RuntimeError):  # its specs changed while we read them: no news
+            plan = getattr(getattr(self.client, "cluster", None), "plan", None)
+            n = len(plan) if isinstance(plan, set | frozenset | dict | list) else 0
+        return n if self.limit is None else min(n, self.limit)
+
     def _change_to(self, new: list[str]) -> tuple[str, ...]:
         """Place the data on ``new``; returns the workers that could not take their blocks."""
         failed = self._place(new)

@@ -5,17 +5,20 @@ Each update (DESIGN.md §2-§3):
 1. the damper names the batch size; :mod:`~adadamp.engine.sampler` draws that many example
    indices from one seeded permutation per data epoch (the trajectory does not depend on how
    many workers there are, elastic-anchors §4.6);
-2. :mod:`~adadamp.engine.placement` routes the indices to the workers holding those examples,
-   and :mod:`~adadamp.engine.transport` sends each worker the weights and its indices in one
-   message;
-3. each worker returns the gradient SUM over its examples (plus the example count, the loss sum
-   and the statistics the damper asked for);
-4. :mod:`~adadamp.engine.aggregation` sums in rank order; the client divides once, asks the
+2. :mod:`~adadamp.engine.placement` cuts the indices by shards (fixed groups of data blocks) and
+   routes each shard to the worker holding it, and :mod:`~adadamp.engine.transport` sends each
+   worker the weights and its shard's indices in one message;
+3. each worker returns the gradient SUM over the shard's examples (plus the example count, the
+   loss sum and the statistics the damper asked for);
+4. :mod:`~adadamp.engine.aggregation` sums in shard order; the client divides once, asks the
    damper for the learning-rate factor and momentum, and steps.
 
-A worker that dies or times out loses only its share of one update: its data blocks are placed
-again from the data source (the client's arrays, or a dask array's lineage) and its share is
-recomputed on the survivors (dask-engine.md §4.2).
+A worker that dies or times out loses only its shards of one update: their data blocks are placed
+again from the data source (the client's arrays, or a dask array's lineage) and the shards are
+recomputed on the survivors (dask-engine.md §4.2).  The number of shards is not the number of
+workers: it changes only between updates, with the batch size when the fit scales the cluster, and
+otherwise only when more workers take part than there are shards, so a worker lost and replaced
+changes no update by a single bit (issue 27).
 This module talks to Dask; it knows nothing about scikit-learn.
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import math
 import time
@@ -84,9 +88,10 @@ def _mark_base_lr(optimizer: torch.optim.Optimizer) -> None:
         group.pop("adadamp_scheduled_lr", None)  # set by an LRScheduler callback of this fit, if any
 
 
-def dropout_seed(seed: int, n_updates: int, rank: int) -> int:
-    """The random seed of rank ``rank``'s share of update ``n_updates`` (dropout masks)."""
-    return (seed * 1_000_003 + n_updates * 7919 + rank) % 2**63
+def dropout_seed(seed: int, n_updates: int, part: int) -> int:
+    """The random seed of part ``part`` of update ``n_updates`` (dropout masks): its shard on the
+    parameter server, its rank on the all-reduce backend."""
+    return (seed * 1_000_003 + n_updates * 7919 + part) % 2**63
 
 
 class ParameterServer:
@@ -124,6 +129,7 @@ class ParameterServer:
         self._policy = policy
         self.device = device
         self.fit_id = f"adadamp-{uuid.uuid4().hex}"
+        self.n_shards: int | None = None  # what each update is cut into (set at the first placement)
         self._bound = False  # the module's parameters are views of the flat buffers
         _mark_base_lr(optimizer)
 
@@ -265,15 +271,46 @@ class ParameterServer:
         Returns the workers that were lost while taking their blocks (other errors raise).
         """
         preferred = self.data.preferred(self.placement)  # where Dask holds a block already (dask data)
-        owner, add, drop = plan_moves(self.placement.names(self.workers), new_workers, preferred)
-        self._check_memory(owner, new_workers)
+        n_shards = self._placement_shards(new_workers)
+        shard_of, holder, add, drop = plan_moves(self.placement.names(self.workers), new_workers, n_shards, preferred)
+        self._check_memory([holder[g] for g in shard_of], new_workers)
         timeout = max(60.0, self.policy.update_timeout)
         failed = self.data.move(self.transport, self.placement, add, drop, timeout)
         self._placed = True
-        self.placement.assign(owner, new_workers)
+        self.placement.assign(shard_of, holder, new_workers)
         sizes = sorted(int(c) for c in np.bincount(self.placement.owner, minlength=len(new_workers)))
-        logger.info("workers: %d, blocks per worker: %s", len(new_workers), sizes)
+        logger.info("workers: %d, shards: %d, blocks per worker: %s", len(new_workers), n_shards, sizes)
         return failed
+
+    def _placement_shards(self, new_workers: list[str]) -> int:
+        """The shards of a placement on ``new_workers``: the fit's (a lost worker's shards go to the
+        others); only the first placement and :meth:`_reshard`, between updates, set them."""
+        if not self.n_shards:
+            self.n_shards = self._target_shards(workers=new_workers)
+        return self.n_shards
+
+    def _target_shards(self, batch_size: int | None = None, workers: list[str] | None = None) -> int:
+        """The shards an update of ``batch_size`` examples is cut into.
+
+        Scaling the cluster: the workers the policy wants for the batch (the schedule decides, not
+        the workers that came).  Otherwise the most workers this fit has had, or that the client's
+        cluster plans (workers restarting included): never fewer when workers are lost, so a lost
+        worker changes no update; more only when more workers take part than there are shards.
+        """
+        workers = self.workers if workers is None else workers
+        if self.policy.scale:
+            batch = batch_size or self.damper.forecast_batch_size(self.loop.epoch)
+            if batch:
+                return self.policy.wanted(int(batch))
+        return max(self.n_shards or 0, len(workers), self.members.planned(), 1)
+
+    def _reshard(self, batch_size: int) -> None:
+        """Cut the coming updates into the shards :meth:`_target_shards` names (between updates only)."""
+        n_shards = self._target_shards(batch_size)
+        if n_shards != self.n_shards and self.workers:
+            logger.info("update %d: %d shards (were %s)", self.loop.n_updates, n_shards, self.n_shards)
+            self.n_shards = n_shards
+            self.members.replace()
 
     def _check_memory(self, owner: list[str], workers: list[str]) -> None:
         """Refuse a fit's first placement when it gives a worker more examples than its
@@ -306,55 +343,63 @@ class ParameterServer:
 
     # ------------------------------------------------------------------ training
     def _gradients(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None = None) -> Totals:
-        """Sum the workers' gradients over ``idx`` into ``self.grads_np``, recomputing lost shares.
+        """Sum the shards' gradients over ``idx`` into ``self.grads_np``, recomputing lost shards.
 
         ``idx`` is drawn in data epoch ``epoch``; ``ahead`` holds the next batches' examples
         (keys, :meth:`Sampler.peek`), which each worker may start loading (a lazy Dataset).
 
-        Each reply is added as soon as it and the replies before it are in, and the weights
-        are backed up once the first reply is in: both then overlap the slower workers'
-        compute, on a core the first worker has just freed.
+        Each shard is one request to the worker holding it (a worker holding several gets one
+        request per shard, and their gradients come in the replies).  Each reply is added as soon
+        as it and the shards before it are in, and the weights are backed up once the first reply
+        is in: both then overlap the slower workers' compute, on a core the first worker has just
+        freed.
         """
         summed = GradientSum(self.grads_np, self._shared)
         backed_up = False
 
-        def add(w: str, r) -> None:
+        def add(request: ShareRequest, r) -> None:
             nonlocal backed_up
-            summed.add(w, r)
+            summed.add(request.shard, request.worker, r)
             if not backed_up:  # these weights, in case the next update's loss is not finite
                 self._backups[self._current].copy_(self.flat)
                 backed_up = True
 
-        todo = [idx]
+        todo = None  # the shards still to compute (None: all of them)
         for _round in range(1 + MAX_RECOMPUTES):
             if not self.workers:
                 self.members.refresh(force=True)
-            # the rank of each example named ahead (only with the first round's requests)
-            ahead_rank = None
+            shards = [(g, sub) for g, sub in self.placement.shards(idx) if todo is None or g in todo]
+            if todo is None:
+                summed.expect([g for g, _ in shards])
+            # the shard of each example named ahead (only with the first round's requests)
+            ahead_shard = None
             if ahead is not None and _round == 0:
-                ahead_rank = self.placement.owner[self.placement.blocks_of(ahead % self.loop.n_data)]
+                ahead_shard = self.placement.shard_of[self.placement.blocks_of(ahead % self.loop.n_data)]
+            holders = [int(self.placement.holder[g]) for g, _ in shards]
             requests = [
                 ShareRequest(
-                    self.workers[k], dropout_seed(self.loop.seed, self.loop.n_updates, k), sub, epoch,
-                    ahead=None if ahead_rank is None else ahead[ahead_rank == k],
+                    self.workers[k], dropout_seed(self.loop.seed, self.loop.n_updates, g), sub, epoch,
+                    ahead=None if ahead_shard is None else ahead[ahead_shard == g],
+                    shard=g, in_reply=holders.count(k) > 1,
                 )
-                for k, sub in self.placement.shares(todo, len(self.workers))
+                for k, (g, sub) in zip(holders, shards)
             ]
             replies, send_time = self.transport.round(requests, n_chunks, self.flat_np, on_reply=add)
             summed.totals.send += send_time
-            todo, lost = [], []
+            todo, lost = set(), []
             for request, r in zip(requests, replies):
                 w = request.worker
                 if isinstance(r, LOST):
                     lost.append(w)
-                    todo.append(request.indices)
+                    todo.add(request.shard)
                     if isinstance(r, asyncio.TimeoutError | TimeoutError):  # alive but hung (or far too slow)
                         self.members.strike(w, r, out=True)
                 elif isinstance(r, BaseException):
                     raise r
             if not todo:
                 return summed.totals
-            logger.warning("lost worker(s) %s during update %d; recomputing their share", lost, self.loop.n_updates)
+            lost = list(dict.fromkeys(lost))
+            logger.warning("lost worker(s) %s during update %d; recomputing their shards", lost, self.loop.n_updates)
             self.members.refresh(force=True, lost=tuple(lost))
         raise NoWorkersError(
             f"update {self.loop.n_updates} lost a share in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
@@ -371,6 +416,7 @@ class ParameterServer:
         if self.policy.scale:
             ahead = self.damper.forecast_batch_size(state.epoch + self.policy.prescale_epochs) or 0
             self.members.scale_for(batch_size, ahead)
+        self._reshard(batch_size)
         epoch = self.loop.data_epoch
         idx = self.sampler.take(batch_size)
         ahead = None
@@ -438,10 +484,14 @@ class ParameterServer:
     def _record(self, n, lr, loss, total: Totals, t_start, t_sent, t_back, t_agg, t_step) -> dict:
         """The update's row of ``history_`` from its clock readings."""
         round_trip = t_back - t_sent
+        digests = {}
+        if dask.config.get("adadamp.debug.digests", False):  # what the update used, and where it stepped to
+            weights = hashlib.blake2b(self.flat_np.tobytes(), digest_size=8).digest()
+            digests = {"examples_digest": total.digest, "weights_digest": int.from_bytes(weights, "little")}
         return UpdateRecord(
             batch_size=int(n),
             lr=lr,
-            n_workers=len(self.workers),
+            n_workers=len(set(self.placement.holder.tolist())),  # the workers holding shards
             loss=loss,
             compute_time=total.compute,
             comm_time=max(0.0, round_trip - total.compute),
@@ -451,6 +501,7 @@ class ParameterServer:
             update_time=t_step - t_start,
             sent_bytes=self.transport.round_bytes[0],
             received_bytes=self.transport.round_bytes[1],
+            **digests,
         ).row()
 
     def sync(self) -> None:

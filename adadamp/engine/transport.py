@@ -117,8 +117,9 @@ class Transport:
         Returns the replies (:class:`GradientReply`, or the exception a worker's share ended
         with) and the seconds spent writing the channel requests (with the weights, for
         workers that do not map them).  Channel requests go out first, so the workers compute
-        while any Dask RPCs (workers without a channel) run.  ``on_reply(worker, reply)`` runs
-        for each good reply, in request order, as soon as that reply is in.
+        while any Dask RPCs (workers without a channel) run.  A worker may have several requests
+        (a channel serves them in order).  ``on_reply(request, reply)`` runs for each good reply,
+        in request order, as soon as that reply is in.
         """
         replies: list = [None] * len(requests)
         before = self._bytes()
@@ -133,7 +134,7 @@ class Transport:
                 kwargs = {
                     "fit_id": self.fit_id, "indices": to_serialize(r.indices), "n_chunks": n_chunks, "seed": r.seed,
                     "epoch": r.epoch, "ahead": None if r.ahead is None else to_serialize(r.ahead),
-                    "step": None if r.step is None else to_serialize(r.step),
+                    "step": None if r.step is None else to_serialize(r.step), "in_reply": r.in_reply,
                 }
                 kwargs["weights"] = None if payload is None else to_serialize(payload)
                 rpc_sent += sum(a.nbytes for a in (r.indices, r.ahead, r.step, payload) if a is not None)
@@ -141,7 +142,7 @@ class Transport:
                 rpc_slots.append(i)
                 continue
             try:
-                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step)
+                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step, r.in_reply)
                 sent.add(i)
             except OSError as err:
                 replies[i] = err
@@ -157,7 +158,7 @@ class Transport:
                 except (WorkerError, CollectiveError, *LOST) as err:
                     replies[i] = err
             if isinstance(replies[i], GradientReply):
-                on_reply(r.worker, replies[i])
+                on_reply(r, replies[i])
         after = self._bytes()
         self.round_bytes = (rpc_sent + after[0] - before[0], rpc_received + after[1] - before[1])
         return replies, send_time
