@@ -218,6 +218,7 @@ async def _adadamp_setup(
             _WORKER["host"],
             lambda *request: _compute(state, *request),
             n_weights=state.flat.numel(),
+            n_buffers=sum(b.numel() for b in state.buffers),
             on_start=_compute_thread_start,
             max_indices=state.n_total,
             on_close=lambda: _close_fit(fit_id, only=state),  # the client closed the channel, or died
@@ -281,13 +282,17 @@ async def _adadamp_release(fit_id: str) -> dict:
     return {"status": "OK"}
 
 
-def _compute(state: _FitState, weights, indices, n_chunks, seed, epoch=0, ahead=None, step=None, in_reply=False) -> dict:
+def _compute(
+    state: _FitState, weights, indices, n_chunks, seed, epoch=0, ahead=None, step=None, in_reply=False, buffers=None
+) -> dict:
     """One request: an all-reduce replica's update, else the share's gradient sum (``in_reply``:
-    sent back in the reply even where it would go to shared memory)."""
+    sent back in the reply even where it would go to shared memory; ``buffers``: the running
+    statistics the share starts from)."""
     ahead = np.zeros(0, dtype=np.int64) if ahead is None else np.asarray(ahead)
     if state.replica is not None:
         return state.replica.update(np.asarray(indices), n_chunks, seed, epoch, ahead, np.asarray(step))
-    return share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead, in_reply)
+    buffers = None if buffers is None else np.asarray(buffers)
+    return share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead, in_reply, buffers)
 
 
 async def _adadamp_group(fit_id: str, generation: int, rank: int, size: int, step=None, restore=None) -> dict:
@@ -304,13 +309,14 @@ async def _adadamp_commit(fit_id: str, step=None, state: bool = False, groups=No
 
 
 async def _adadamp_gradient(
-    fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None, step=None, in_reply=False
+    fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None, step=None, in_reply=False,
+    buffers=None,
 ) -> dict:
     """The gradient as a Dask RPC (workers without a channel)."""
     state = _FITS[fit_id]
 
     def compute():
-        r = _compute(state, weights, indices, n_chunks, seed, epoch, ahead, step, in_reply)
+        r = _compute(state, weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers)
         state.inline = r["compute_time"] < INLINE_SECONDS and state.replica is None  # collectives block
         for key in ("grad", "buffers"):
             if r[key] is not None:

@@ -51,8 +51,9 @@ from .records import GradientReply
 # Request: number of indices (-1 closes), chunks, seed, number of weights sent (0: shared memory),
 # the data epoch of the indices, number of examples to load ahead (keys: epoch * n + index),
 # number of float64 "step" values (an all-reduce fit's update number and pending step, else 0),
-# 1 to have the gradient in the reply even where it would go to shared memory (else 0).
-REQUEST = struct.Struct("<qqqqqqqq")
+# 1 to have the gradient in the reply even where it would go to shared memory (else 0), number of
+# float32 running statistics (BatchNorm buffers) the share starts from (0: keep the worker's).
+REQUEST = struct.Struct("<qqqqqqqqq")
 # Reply: status (0 ok, 1 error), n, n_chunks, gradient floats, buffer floats, error bytes,
 # loss sum, chunk squared-norm sum, compute seconds, the loss's normalizer (weighted count),
 # the squared norm of the all-reduced mean gradient (NaN: not computed; the parameter server's),
@@ -138,7 +139,7 @@ def _give_up(selector: selectors.BaseSelector, pending: dict, conn: socket.socke
 class ChannelServer:
     """Serves one fit's gradient requests on a worker, in a thread of its own.
 
-    ``compute(weights, indices, n_chunks, seed, epoch, ahead, step)`` returns the reply fields as
+    ``compute(weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers)`` returns the reply fields as
     a dict with numpy arrays; it runs in this thread, so the worker's event
     loop (heartbeats, Dask RPCs) keeps running while a gradient is computed.
     ``on_close()`` runs once when a channel the client sent requests on ends
@@ -155,6 +156,7 @@ class ChannelServer:
         compute: Callable[..., dict],
         n_weights: int,
         on_start: Callable[[], None],
+        n_buffers: int = 0,
         max_indices: int = 1 << 40,
         on_close: Callable[[], None] | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
@@ -167,6 +169,7 @@ class ChannelServer:
         self.port = self._listener.getsockname()[1]
         self._compute = compute
         self._weights = np.empty(n_weights, dtype=np.float32)
+        self._buffers = np.empty(n_buffers, dtype=np.float32)
         self._max_indices = max_indices
         self._on_start = on_start
         self._on_close = on_close
@@ -285,7 +288,7 @@ class ChannelServer:
         return True
 
     def _serve_one(self, conn: socket.socket) -> bool:
-        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, n_step, in_reply = _recv_header(conn, REQUEST)
+        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, n_step, in_reply, n_buffers = _recv_header(conn, REQUEST)
         self._used = True
         if n_idx < 0:
             return False
@@ -295,6 +298,7 @@ class ChannelServer:
             or not 0 <= n_chunks <= MAX_CHUNKS
             or n_weights not in (0, self._weights.size)
             or not 0 <= n_step <= MAX_STEP
+            or n_buffers not in (0, self._buffers.size)
         ):
             raise ValueError(f"malformed request ({n_idx}+{n_ahead} indices, {n_chunks} chunks, {n_weights} weights)")
         indices = np.empty(n_idx + n_ahead, dtype=np.int64)
@@ -304,12 +308,16 @@ class ChannelServer:
         if n_step:
             step = np.empty(n_step, dtype=np.float64)
             recv_exactly(conn, _as_bytes(step))
+        buffers = None
+        if n_buffers:
+            recv_exactly(conn, _as_bytes(self._buffers))
+            buffers = self._buffers
         weights = None
         if n_weights:
             recv_exactly(conn, _as_bytes(self._weights))
             weights = self._weights
         try:
-            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead, step, bool(in_reply))
+            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead, step, bool(in_reply), buffers)
         except Exception as err:  # noqa: BLE001 -- any error is the client's to raise
             message = f"{type(err).__name__}: {err}".encode(errors="replace")[:MAX_ERROR_BYTES]
             conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0, 0.0, 0) + message)
@@ -378,19 +386,22 @@ class Channel:
         ahead: np.ndarray | None = None,
         step: np.ndarray | None = None,
         in_reply: bool = False,
+        buffers: np.ndarray | None = None,
     ) -> None:
         """Ask for the gradient over ``indices`` (send ``weights`` unless the worker maps them);
         ``ahead``: the examples the worker may start loading for the next request; ``step``: an
         all-reduce fit's update number and the step it applies first (float64); ``in_reply``:
-        the gradient comes in the reply even if the worker maps shared memory."""
+        the gradient comes in the reply even if the worker maps shared memory; ``buffers``: the
+        running statistics (float32) the share starts from."""
         ahead = np.zeros(0, dtype=np.int64) if ahead is None else ahead
         both = np.concatenate([np.asarray(indices, dtype=np.int64), np.asarray(ahead, dtype=np.int64)])
         step = np.zeros(0) if step is None else np.asarray(step, dtype=np.float64)
         header = REQUEST.pack(
             len(indices), n_chunks, seed, 0 if weights is None else weights.size, epoch, len(ahead), len(step),
-            int(in_reply),
+            int(in_reply), 0 if buffers is None else buffers.size,
         )
         parts = [header, _as_bytes(both)] + ([_as_bytes(step)] if len(step) else [])
+        parts += [] if buffers is None else [_as_bytes(np.ascontiguousarray(buffers, dtype=np.float32))]
         parts += [] if weights is None else [_as_bytes(weights)]
         send_all(self.sock, parts)
         self.sent += sum(len(p) for p in parts)
@@ -426,6 +437,6 @@ class Channel:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0, 0, 0))
+            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0, 0, 0, 0))
         with contextlib.suppress(OSError):
             self.sock.close()

@@ -22,7 +22,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from distributed import Client
+from distributed import Client, Nanny
+from distributed.core import Status
 
 from . import embedded
 from .embedded import close_embedded_cluster, embedded_cluster  # noqa: F401 -- documented here too
@@ -132,8 +133,8 @@ def heal(client: Client, n: int, gone: set[str]) -> None:
     SpecCluster keeps the spec of a job that died and resubmits it only after
     ``lost-worker-timeout`` (dask-engine.md §3.5); dropping the specs of the
     workers that are ``gone`` (by name) first makes ``scale(n)`` submit
-    replacements now.  Specs of workers still starting or queued are kept, and so are those of
-    workers the scheduler still lists: on a shared cluster (the embedded one) another fit may be
+    replacements now.  Specs of workers still starting or queued are kept, so are those of running
+    nannies (restarting their worker already), and so are those of workers the scheduler still lists: on a shared cluster (the embedded one) another fit may be
     training on a worker this fit left out.
     """
     cluster = getattr(client, "cluster", None)
@@ -147,10 +148,18 @@ def heal(client: Client, n: int, gone: set[str]) -> None:
         name for name in specs
         if (str(name) in gone or any(g.startswith(f"{name}-") for g in gone))
         and not any(r == str(name) or r.startswith(f"{name}-") for r in registered)
+        and not _restarting(getattr(cluster, "workers", {}).get(name))
     ]
     if dead and hasattr(cluster, "scale_down"):
         cluster.sync(cluster.scale_down, dead)
     _scale(cluster, n)
+
+
+def _restarting(worker) -> bool:
+    """Whether a spec's worker is a running nanny, which restarts its dead worker process itself
+    (in about the time a process takes to import torch): stopping it would start a new one from
+    nothing, and a nanny stopped mid-restart has left a replacement unregistered for minutes."""
+    return isinstance(worker, Nanny) and worker.status == Status.running
 
 
 def _scale(cluster, n: int) -> None:

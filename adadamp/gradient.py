@@ -35,8 +35,14 @@ def share_gradient(
     epoch: int = 0,
     ahead: np.ndarray = _NOTHING,
     in_reply: bool = False,
+    buffers: np.ndarray | None = None,
 ) -> dict:
     """The gradient sum over ``indices`` at ``weights`` (None: already in place).
+
+    ``buffers`` (the client's running statistics, BatchNorm's) are where the share's forward pass
+    starts its statistics from: every shard then updates the same statistics, so what the client
+    averages does not depend on which worker computed which shard, nor on what a worker computed
+    before (a restarted worker, one that took over a lost worker's shard; algorithms.md P17).
 
     The examples are resident rows, or (a lazy Dataset) read now, in data epoch ``epoch``;
     then the ``ahead`` examples of the next shares (keys ``epoch * n + index``) start loading.  Returns numpy arrays
@@ -53,6 +59,8 @@ def share_gradient(
             state.flat.copy_(state.shared_weights, non_blocking=True)
         elif not state.shared:
             state.flat.copy_(torch.from_numpy(np.asarray(weights)), non_blocking=True)
+        if buffers is not None and state.buffers:
+            _load_buffers(state.buffers, buffers)
         n, weight, loss_sum, sq_sum, n_stat_chunks = gradient_sum(state, X, y, n_chunks, seed)
         if in_reply:
             grad = state.grads.detach().to("cpu", copy=True).numpy()
@@ -73,6 +81,14 @@ def share_gradient(
             "compute_time": time.perf_counter() - start,
             "digest": examples_digest(indices),
         }
+
+
+def _load_buffers(targets: list[torch.Tensor], values: np.ndarray) -> None:
+    offset = 0
+    with torch.no_grad():
+        for b in targets:
+            b.copy_(torch.from_numpy(values[offset : offset + b.numel()]).view_as(b))
+            offset += b.numel()
 
 
 def gradient_sum(state: _FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, seed: int) -> tuple:

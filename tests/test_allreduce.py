@@ -352,6 +352,54 @@ def test_members_that_do_not_talk_to_the_dead_worker_give_up_at_once(data):
     assert hurt.history_[-1]["n_samples_seen"] == calm.history_[-1]["n_samples_seen"]
 
 
+def _die_in_rendezvous(dask_worker, marker=""):
+    """Makes this worker SIGKILL itself on its way into the next all-reduce group once ``marker``
+    exists (the first worker to claim it), after its peers have started waiting for its keys."""
+    import adadamp.replica as replica
+
+    original = getattr(replica.gloo_group, "original", replica.gloo_group)
+
+    def gloo_group(*args, **kwargs):
+        try:
+            os.rename(marker, marker + ".taken")  # exactly one process claims it
+        except OSError:
+            return original(*args, **kwargs)
+        time.sleep(1.0)  # the others wait in the rendezvous by now
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    gloo_group.original = original
+    replica.gloo_group = gloo_group
+
+
+@pytest.mark.timeout(280)
+def test_a_member_lost_while_forming_a_group_costs_the_abort_time(data, tmp_path, caplog):
+    """A worker SIGKILLed while the others wait for it in a group's rendezvous: they give up on
+    the generation's abort key (which the client sets when it sees the loss), not after the
+    collective timeout (here 120 s), and the fit ends with the undisturbed weights."""
+    X, y = data
+    marker = str(tmp_path / "die-in-rendezvous")
+    timeout = 120.0
+    params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "batch_size": 48, "max_epochs": 2,
+              "random_state": 6, "scale_cluster": False, "backend": AR, "update_timeout": 2.5 * timeout}
+    with dask.config.set({"adadamp.allreduce.timeout": timeout}), _cluster(3) as cluster, Client(cluster) as client:
+        start = time.perf_counter()
+        calm = DaskClassifier(client=client, **params).fit(X, y)
+        calm_s = time.perf_counter() - start
+        client.run(_die_in_rendezvous, marker=marker)
+        Path(marker).touch()
+        start = time.perf_counter()
+        with caplog.at_level(logging.WARNING, logger="adadamp"):
+            hurt = DaskClassifier(client=client, **params).fit(X, y)
+        hurt_s = time.perf_counter() - start
+    lost_s = hurt_s - calm_s
+    print(f"undisturbed {calm_s:.1f} s, a member killed in the rendezvous {hurt_s:.1f} s: {lost_s:.1f} s lost")
+    assert Path(marker + ".taken").exists()  # a worker died in the rendezvous
+    assert any("while forming all-reduce group" in r.getMessage() for r in caplog.records)
+    np.testing.assert_allclose(_weights(hurt), _weights(calm), rtol=1e-5, atol=1e-5)
+    assert hurt.history_[-1]["n_samples_seen"] == calm.history_[-1]["n_samples_seen"]
+    assert lost_s < timeout / 3, f"{lost_s:.1f} s lost to a member killed in the rendezvous"
+
+
 class KillOnlyWorker(Callback):
     """SIGKILLs the (only) worker after update ``at``, then waits for its nanny's replacement."""
 

@@ -140,11 +140,13 @@ def test_a_worker_killed_at_any_moment_does_not_change_the_result(moment, kill_c
 
 
 @pytest.mark.parametrize(
-    ("backend", "workload", "moment"), [("allreduce", "sgd-momentum", "rejoin"), ("ps", "dask-array", "checkpoint")]
+    ("backend", "workload", "moment"),
+    [("allreduce", "sgd-momentum", "rejoin"), ("ps", "dask-array", "checkpoint"), ("ps", "batchnorm", "after-update")],
 )
 def test_a_killed_worker_on_other_backends_and_inputs(backend, workload, moment, kill_cluster):
     """The stress script's other draws, one each: the all-reduce backend (equal up to float
-    summation order) and dask-array input (bit for bit)."""
+    summation order), dask-array input and a BatchNorm model, running statistics included (bit for
+    bit: every shard starts from the client's statistics, whichever worker computes it)."""
     from stress import kill_workers as kw
 
     client, X, y, _, _ = kill_cluster

@@ -247,3 +247,26 @@ def test_healing_a_fit_never_stops_a_worker_the_scheduler_still_lists(data):
         time.sleep(1.0)
         after = set(client.scheduler_info(n_workers=-1)["workers"])
     assert after == set(before), "heal stopped a live worker"
+
+
+def test_healing_keeps_a_nanny_that_is_restarting_its_killed_worker(data):
+    """A killed worker's nanny restarts it under the same name; healing the fit meanwhile must not
+    stop that nanny and start a new one from nothing (seconds more, and once a replacement that never
+    registered)."""
+    from adadamp.cluster import heal
+
+    DaskRegressor(**{**PARAMS, "max_epochs": 1, "scale_cluster": False}).fit(*data)
+    cluster = embedded_cluster()
+    with Client(cluster, set_as_default=False) as client:
+        (address, pid), *_ = client.run(os.getpid).items()
+        name = str(client.scheduler_info(n_workers=-1)["workers"][address]["name"])
+        nanny = next(w for spec_name, w in cluster.workers.items() if str(spec_name) == name)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while address in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        heal(client, 2, gone={name})
+        client.wait_for_workers(2, timeout=60)
+        names = {str(w["name"]) for w in client.scheduler_info(n_workers=-1)["workers"].values()}
+    assert name in names, "the nanny's spec was dropped: a new worker replaced the restarting one"
+    assert any(w is nanny for w in cluster.workers.values())

@@ -384,7 +384,9 @@ class ParameterServer:
                 )
                 for k, (g, sub) in zip(holders, shards)
             ]
-            replies, send_time = self.transport.round(requests, n_chunks, self.flat_np, on_reply=add)
+            replies, send_time = self.transport.round(
+                requests, n_chunks, self.flat_np, on_reply=add, buffers=self._buffer_values()
+            )
             summed.totals.send += send_time
             todo, lost = set(), []
             for request, r in zip(requests, replies):
@@ -506,6 +508,13 @@ class ParameterServer:
 
     def sync(self) -> None:
         """Bring the client's module and optimizer up to date: they always are here (the client steps)."""
+
+    def _buffer_values(self) -> np.ndarray | None:
+        """The module's running statistics as one float32 vector, which every share starts from
+        (None without any): a shard's statistics then do not depend on the worker computing it."""
+        if not self._buffers:
+            return None
+        return torch.cat([b.detach().reshape(-1).float().cpu() for b in self._buffers]).numpy()
 
     def _set_buffers(self, values: np.ndarray) -> None:
         """The module's BatchNorm-style statistics: the workers' example-weighted mean (algorithms.md P17)."""

@@ -110,7 +110,8 @@ class Transport:
 
     # ------------------------------------------------------------------ one round
     def round(
-        self, requests: list[ShareRequest], n_chunks: int, weights: np.ndarray | None, on_reply
+        self, requests: list[ShareRequest], n_chunks: int, weights: np.ndarray | None, on_reply,
+        buffers: np.ndarray | None = None,
     ) -> tuple[list, float]:
         """Send every worker its share, then collect the replies in request order.
 
@@ -119,7 +120,8 @@ class Transport:
         workers that do not map them).  Channel requests go out first, so the workers compute
         while any Dask RPCs (workers without a channel) run.  A worker may have several requests
         (a channel serves them in order).  ``on_reply(request, reply)`` runs for each good reply,
-        in request order, as soon as that reply is in.
+        in request order, as soon as that reply is in.  ``buffers``: the running statistics every
+        share starts from (float32; None: each worker keeps its own).
         """
         replies: list = [None] * len(requests)
         before = self._bytes()
@@ -135,14 +137,15 @@ class Transport:
                     "fit_id": self.fit_id, "indices": to_serialize(r.indices), "n_chunks": n_chunks, "seed": r.seed,
                     "epoch": r.epoch, "ahead": None if r.ahead is None else to_serialize(r.ahead),
                     "step": None if r.step is None else to_serialize(r.step), "in_reply": r.in_reply,
+                    "buffers": None if buffers is None else to_serialize(buffers),
                 }
                 kwargs["weights"] = None if payload is None else to_serialize(payload)
-                rpc_sent += sum(a.nbytes for a in (r.indices, r.ahead, r.step, payload) if a is not None)
+                rpc_sent += sum(a.nbytes for a in (r.indices, r.ahead, r.step, payload, buffers) if a is not None)
                 rpc_calls.append((r.worker, "adadamp_gradient", kwargs))
                 rpc_slots.append(i)
                 continue
             try:
-                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step, r.in_reply)
+                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step, r.in_reply, buffers)
                 sent.add(i)
             except OSError as err:
                 replies[i] = err
