@@ -372,3 +372,21 @@ def test_a_killed_worker_leaves_every_update_bitwise_unchanged():
     first = _first_difference(calm, hurt, "weights_digest")
     assert first is None, f"update {first} took another step than the undisturbed fit's"
     np.testing.assert_array_equal(_weights(hurt), _weights(calm))
+
+
+def test_a_worker_killed_during_the_first_placement_of_dask_data_costs_seconds(kill_cluster):
+    """A dask array's blocks are loaded by tasks pinned to their worker: when that worker dies
+    during the first placement the fit goes on as soon as the scheduler drops it, not after the
+    placement's timeout (max(60 s, update_timeout)), and ends bit for bit where the undisturbed fit does."""
+    from stress import kill_workers as kw
+
+    client, X, y, _, _ = kill_cluster
+    start = time.perf_counter()
+    calm = kw.weights(kw.fit(client, X, y, 2, "dask-array", "ps"))
+    duration = time.perf_counter() - start
+    start = time.perf_counter()
+    r = kw.trial(client, X, y, 2, "placement", seed=0, duration=duration, strict=False, workload="dask-array")
+    elapsed = time.perf_counter() - start
+    np.testing.assert_array_equal(r.weights, calm)
+    assert r.kills == 1
+    assert elapsed < 45, f"the placement waited {elapsed:.0f} s for a dead worker's blocks"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 
 import cloudpickle
 import numpy as np
@@ -28,6 +29,8 @@ from distributed.protocol import to_serialize
 
 from .placement import Placement
 from .transport import LOST, Transport
+
+PLACEMENT_LOOK = 0.5  # seconds between looks at whether the workers a placement waits for are alive
 
 logger = logging.getLogger(__name__)
 
@@ -128,11 +131,7 @@ class DaskArrayData:
                     workers=[w], allow_other_workers=False, pure=False,
                 )
                 futures.append((w, future))
-        if futures:
-            try:
-                wait([f for _, f in futures], timeout=timeout)
-            except TimeoutError:
-                pass  # the ones still pending are looked at below
+        self._wait_for_blocks(futures, timeout)
         for w, f in futures:
             if f.status == "finished":
                 continue
@@ -145,6 +144,22 @@ class DaskArrayData:
                 f.cancel()
                 failed.setdefault(w, TimeoutError(f"block {f} was not placed on {w} within {timeout} s"))
         return failed
+
+    def _wait_for_blocks(self, futures: list[tuple[str, Future]], timeout: float) -> None:
+        """Wait until every block is placed, ``timeout`` passes, or every worker still waited
+        for has left the scheduler (its tasks may run nowhere else: waiting longer is in vain)."""
+        deadline = time.monotonic() + timeout
+        pending = futures
+        while pending and time.monotonic() < deadline:
+            try:
+                wait([f for _, f in pending], timeout=max(0.01, min(PLACEMENT_LOOK, deadline - time.monotonic())))
+            except TimeoutError:
+                pass
+            pending = [(w, f) for w, f in pending if f.status == "pending"]
+            if pending:
+                live = set(self.client.scheduler_info(n_workers=-1)["workers"])
+                if not any(w in live for w, _ in pending):
+                    return
 
 
 class DatasetData:
