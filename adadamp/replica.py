@@ -55,6 +55,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a collective runs before its members start looking for a failed peer every as often.
 ABORT_POLL = 0.2
+#: The store key that marks a generation given up (by a member whose collective failed, or by the
+#: client when a member is lost while the group forms).
+ABORT = "abort"
 _FAILED_GROUPS: list = []  # groups left after a failure (never destroyed: their threads may still wait)
 
 #: Step vector layout (float64): generation, update number, the update whose step to take
@@ -138,6 +141,8 @@ class SchedulerStore(dist.Store):
             entries = self._entries()
             if all(k in entries for k in keys):
                 return entries
+            if ABORT in entries:  # a member (or the client) gave this generation up: so does its rendezvous
+                raise dist.DistStoreError(f"rendezvous {'/'.join(self._keys)}: aborted while waiting for {keys}")
             if time.monotonic() > deadline:
                 missing = [k for k in keys if k not in entries]
                 raise dist.DistStoreError(f"rendezvous {'/'.join(self._keys)}: no {missing} in {deadline - start:.0f} s")
@@ -287,9 +292,10 @@ class Replica:
             store = self._prefix = SchedulerStore(self.worker, (self.fit_id, str(generation)),
                                                   self.timeout.total_seconds())
             if self.backend == "nccl":  # untested here (no GPU on the development machine)
-                group = dist.ProcessGroupNCCL(store, rank, size)
+                group = self._abortable(lambda: dist.ProcessGroupNCCL(store, rank, size))
             else:
-                group = gloo_group(store, rank, size, get_address_host(self.worker.address), self.timeout)
+                host = get_address_host(self.worker.address)
+                group = self._abortable(lambda: gloo_group(store, rank, size, host, self.timeout))
             self.group, self.generation, self.rank, self.size = group, generation, rank, size
             if restore is not None:
                 self.load(restore)
@@ -298,8 +304,39 @@ class Replica:
             failure = str(err)
         else:
             return {"applied": self.applied, "seconds": time.perf_counter() - start}
-        self._drop_group()
+        self._drop_group(abort=True)  # also when no group was built: the peers still wait in the rendezvous
         raise CollectiveError(f"forming generation {generation} failed on rank {rank}: {failure}")
+
+    def _abortable(self, build):
+        """``build()`` the group in a thread of its own, and give it up when the generation is
+        aborted (a peer died in the rendezvous: the client or a peer set ``abort``) or the
+        collective timeout passed.
+
+        A peer that dies before writing its rendezvous keys is noticed by the store's waits
+        (:class:`SchedulerStore` looks for ``abort`` too); one that dies after, while the group's
+        sockets connect, only from here.  The abandoned thread ends with its own timeout at the
+        latest; a group it still builds is kept aside, never used.
+        """
+        done, box = threading.Event(), {}
+
+        def run():
+            try:
+                box["group"] = build()
+            except BaseException as err:  # noqa: BLE001 -- handed to the waiting thread
+                box["error"] = err
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"adadamp-rendezvous-{self.fit_id}", daemon=True).start()
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while not done.wait(ABORT_POLL):
+            if self._prefix.check([ABORT]) or time.monotonic() > deadline:
+                _FAILED_GROUPS.append((box, self._prefix))  # whatever the thread still builds stays aside
+                raise RuntimeError("the generation was aborted while its group formed (a peer was lost)"
+                                   if time.monotonic() <= deadline else "the group did not form in time")
+        if "error" in box:
+            raise box["error"]
+        return box["group"]
 
     def _broadcast_state(self) -> None:
         """Rank 0's weights, running statistics and optimizer state to every member."""
@@ -434,20 +471,22 @@ class Replica:
         work.get_future().add_done_callback(lambda _: done.set())
         deadline = time.monotonic() + self.timeout.total_seconds()
         while not done.wait(ABORT_POLL):
-            if self._prefix.check(["abort"]) or time.monotonic() > deadline:
+            if self._prefix.check([ABORT]) or time.monotonic() > deadline:
                 raise RuntimeError(f"generation {self.generation}: a peer's collective failed (or timed out)")
         work.wait()  # done: raises the collective's error, if it failed
 
-    def _drop_group(self) -> None:
+    def _drop_group(self, abort: bool = False) -> None:
         """Leave a group after a failure: tell the other members (``abort`` in the generation's
         store) and keep the group object alive, aside: its threads may still wait on a peer until
-        the timeout, and destroying it would wait for them."""
+        the timeout, and destroying it would wait for them.  ``abort``: say so also when no group
+        was formed (a failed rendezvous)."""
         self.buckets.disarm()
         group, self.group, self.pending = self.group, None, None
         if group is not None:
             _FAILED_GROUPS.append((group, self._prefix))  # the store too: the group's C++ side uses it
+        if (group is not None or abort) and self._prefix is not None:
             with contextlib.suppress(Exception):  # the scheduler may be gone
-                self._prefix.set("abort", b"1")
+                self._prefix.set(ABORT, b"1")
 
     def commit(self, step: np.ndarray | None, state: bool, groups: bytes | None = None) -> dict:
         """Take the pending step (the end of an epoch or of the fit); return the state if asked.

@@ -355,7 +355,7 @@ def test_members_that_do_not_talk_to_the_dead_worker_give_up_at_once(data):
 def _die_in_rendezvous(dask_worker, marker=""):
     """Makes this worker SIGKILL itself on its way into the next all-reduce group once ``marker``
     exists (the first worker to claim it), after its peers have started waiting for its keys."""
-    import adadamp.replica as replica
+    from adadamp import replica
 
     original = getattr(replica.gloo_group, "original", replica.gloo_group)
 
@@ -413,10 +413,22 @@ class KillOnlyWorker(Callback):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_losing_every_replica_continues_from_the_clients_copy(data, caplog):
-    """One worker, killed mid-epoch: no replica is left, so the epoch starts again from the
-    client's copy of its start (the replacement worker takes it), and the fit ends with the
-    undisturbed weights; the epoch's history holds each update once."""
+class CountUpdates(Callback):
+    """Keeps the update number of every ``on_update_end`` call (test only)."""
+
+    def __init__(self):
+        self.seen_ = []
+
+    def on_update_end(self, estimator, record=None, loop=None, **info):
+        self.seen_.append(loop.n_updates)
+
+
+def test_losing_every_replica_continues_from_the_clients_copy(data, tmp_path, caplog):
+    """One worker, killed mid-epoch: no replica is left, so the epoch continues from the client's
+    copy (the replacement worker takes it): the epoch's start, or the last mid-epoch checkpoint,
+    which brought the copy up to date.  The fit ends with the undisturbed weights; the epoch's
+    history holds each update once, and ``on_update_end`` sees each update number once, in order
+    (the recomputed updates are not reported again)."""
     X, y = data
     params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "batch_size": 32, "max_epochs": 2,
               "random_state": 2, "scale_cluster": False, "backend": AR, "worker_timeout": 60.0}
@@ -424,11 +436,15 @@ def test_losing_every_replica_continues_from_the_clients_copy(data, caplog):
         _Clusters.current, _Clusters.client = cluster, client
         calm = DaskClassifier(client=client, **params).fit(X, y)
         with caplog.at_level(logging.WARNING, logger="adadamp"):
-            hurt = DaskClassifier(client=client, callbacks=[("kill", KillOnlyWorker(at=20))], **params).fit(X, y)
-    assert any("no replica left" in r.getMessage() for r in caplog.records)
+            hurt = DaskClassifier(client=client, callbacks=[("kill", KillOnlyWorker(at=20)), ("count", CountUpdates())],
+                                  checkpoint=tmp_path / "ckpt.pt", checkpoint_every=3, **params).fit(X, y)
+    rollbacks = [r.getMessage() for r in caplog.records if "no replica left" in r.getMessage()]
+    assert rollbacks and all("(update 18)" in m for m in rollbacks), rollbacks  # the checkpoint after update 18
     np.testing.assert_allclose(_weights(hurt), _weights(calm), rtol=1e-5, atol=1e-6)
     assert [r["n_updates"] for r in hurt.history_] == [r["n_updates"] for r in calm.history_]
     assert [len(r["updates"]) for r in hurt.history_] == [len(r["updates"]) for r in calm.history_]
+    seen = dict(hurt.callbacks_)["count"].seen_
+    assert seen == list(range(1, calm.history_[-1]["n_updates"] + 1)), seen
 
 
 # ------------------------------------------------------------------ pieces

@@ -22,7 +22,10 @@ comm: :class:`~adadamp.replica.SchedulerStore`), whose rank 0 is a replica of th
 generation and broadcasts its state to the joiners.  A worker lost inside a collective makes the
 others' collective fail (at once when it died, after the collective timeout when it hangs); the
 update is then recomputed by the next generation from the committed step count: no step is
-taken twice and no example is lost.
+taken twice and no example is lost.  A worker lost while a group forms: the client marks the
+generation aborted in its rendezvous keys, and the others stop waiting for it within
+``ABORT_POLL``.  When no replica is left, the epoch continues from the client's copy (its start,
+or the last mid-epoch sync); callbacks are not told again of the updates recomputed.
 
 Gloo (and NCCL) neither authenticate nor encrypt their traffic, and this torch has no TLS
 transport for gloo: on a cluster whose comm is encrypted the backend refuses to start unless the
@@ -31,6 +34,7 @@ user accepts plaintext collectives (:func:`check_plaintext`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import dataclasses
@@ -51,7 +55,7 @@ from ..exceptions import CollectiveError, NoWorkersError
 from ..optimizer_plan import apply_plan, group_settings
 from ..parameters import flatten_parameters, float_buffers
 from ..records import ShareRequest, epoch_row
-from ..replica import dump_state, load_state, step_vector
+from ..replica import ABORT, dump_state, load_state, step_vector
 from .aggregation import Totals
 from .parameter_server import MAX_RECOMPUTES, ParameterServer, dropout_seed
 from .sampler import LoopState, Sampler
@@ -128,6 +132,7 @@ class AllReduce(ParameterServer):
         self._current: set[str] = set()  # workers whose replica holds the fit's latest state
         self._step: tuple[int, float, list[float]] | None = None  # the step the replicas owe
         self._set_up_at: dict[str, int] = {}  # the update count of the payload each worker was set up from
+        self._epoch_updates: list | None = None  # the running epoch's update records (run_epoch's list)
 
     # ------------------------------------------------------------------ set-up
     def _acquire(self, stack: contextlib.ExitStack) -> None:
@@ -191,7 +196,7 @@ class AllReduce(ParameterServer):
                 })
                 for rank, w in enumerate(order)
             ]
-            replies = self.transport.call_all(calls, timeout=self.transport.timeout)
+            replies = self.client.sync(self._form, calls, self.transport.timeout)
             lost = [w for w, r in zip(order, replies) if isinstance(r, (*LOST, CollectiveError))]
             for r in replies:
                 if isinstance(r, BaseException) and not isinstance(r, (*LOST, CollectiveError)):
@@ -208,6 +213,25 @@ class AllReduce(ParameterServer):
             logger.warning("workers %s lost while forming all-reduce group %d; forming another", lost, self.generation)
             self.members.refresh(force=True, lost=tuple(w for w, r in zip(order, replies) if isinstance(r, LOST)))
         raise NoWorkersError(f"could not form an all-reduce group in {1 + MAX_RECOMPUTES} tries: workers keep leaving")
+
+    async def _form(self, calls: list[tuple[str, str, dict]], timeout: float) -> list:
+        """The ``adadamp_group`` calls (as :meth:`Transport.call_all`); the first member lost or
+        failed marks the generation aborted in its rendezvous keys, so the others, waiting there
+        for the lost one, give up within ``ABORT_POLL`` instead of the collective timeout."""
+        aborted = False
+
+        async def one(call):
+            nonlocal aborted
+            (reply,) = await self.transport.gather_calls([call], timeout)
+            if isinstance(reply, (*LOST, CollectiveError)) and not aborted:
+                aborted = True
+                with contextlib.suppress(Exception):  # the scheduler may be gone: the members time out
+                    await self.client.scheduler.set_metadata(
+                        keys=[self.fit_id, str(call[2]["generation"]), ABORT], value=b"1"
+                    )
+            return reply
+
+        return await asyncio.gather(*(one(c) for c in calls))
 
     def resume(self, **kwargs) -> None:
         """As the parameter server's; the replicas also take the optimizer's hyperparameters of
@@ -272,6 +296,8 @@ class AllReduce(ParameterServer):
             if not isinstance(good, BaseException):
                 load_state(good["state"], self.flat, self._buffers, self.optimizer, keep_groups=True)
                 self._step = None
+                if self._epoch_updates is not None and self.loop.n_updates != self._commit.loop.n_updates:
+                    self._set_commit(len(self._epoch_updates))  # the client's copy is at this update now
                 if lost:
                     self.members.refresh(force=True, lost=tuple(lost))
                 return
@@ -372,6 +398,8 @@ class AllReduce(ParameterServer):
         updates = list(updates or [])
         earlier = sum(u["update_time"] for u in updates)
         self._set_commit(len(updates))
+        self._epoch_updates = updates  # a mid-epoch sync (a checkpoint) moves the commit to its update
+        reported = lp.n_updates  # on_update_end: each update number once, in order
         try:
             while lp.in_epoch(target):
                 try:
@@ -379,7 +407,8 @@ class AllReduce(ParameterServer):
                 except RolledBack:
                     del updates[self._commit.n_records:]
                     continue
-                if on_update is not None:
+                if on_update is not None and lp.n_updates > reported:  # not again when recomputed
+                    reported = lp.n_updates
                     on_update(updates)
         except StopTraining:
             self.sync()
