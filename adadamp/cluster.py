@@ -133,9 +133,9 @@ def heal(client: Client, n: int, gone: set[str]) -> None:
     SpecCluster keeps the spec of a job that died and resubmits it only after
     ``lost-worker-timeout`` (dask-engine.md §3.5); dropping the specs of the
     workers that are ``gone`` (by name) first makes ``scale(n)`` submit
-    replacements now.  Specs of workers still starting or queued are kept, so are those of running
-    nannies (restarting their worker already), and so are those of workers the scheduler still lists: on a shared cluster (the embedded one) another fit may be
-    training on a worker this fit left out.
+    replacements now.  Kept: the specs of workers still starting or queued, of running nannies
+    (restarting their worker already), and of workers the scheduler still lists (on a shared
+    cluster, the embedded one, another fit may be training on a worker this fit left out).
     """
     cluster = getattr(client, "cluster", None)
     if cluster is None or not hasattr(cluster, "scale"):
