@@ -239,6 +239,10 @@ def _close_fit(fit_id: str, only: _FitState | None = None) -> None:
         state.replica.close()
     if state.loader is not None:
         state.loader.close()
+    # The channel's and the replica's callbacks refer back to the state: without these cycles the
+    # state, and with it the fit's mapping of the client's data, goes now, not at the next full
+    # garbage collection (until then every finished fit's data stayed in /dev/shm: 183 MB per W1 fit).
+    state.channel = state.replica = None
 
 
 def _drop_idle_fits() -> None:
