@@ -6,7 +6,7 @@ the module, criterion, optimizer and damper, and hand them to the fit loop
 ``module__hidden=8``, ``optimizer__lr=0.05``, ``criterion__weight=...``,
 ``batch_size__delay=5`` (api-conventions.md §3, :mod:`adadamp.routing`).
 
-Why one module of ~1,200 lines: it is one scikit-learn contract, the
+Why one module of ~1,450 lines: it is one scikit-learn contract, the
 constructor parameters and their documentation, validation, the fit /
 partial_fit / warm-start semantics, the fitted attributes and their
 persistence, which the classifier and the regressor share and differ from

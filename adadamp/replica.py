@@ -328,12 +328,11 @@ class Replica:
                 done.set()
 
         threading.Thread(target=run, name=f"adadamp-rendezvous-{self.fit_id}", daemon=True).start()
-        deadline = time.monotonic() + self.timeout.total_seconds()
-        while not done.wait(ABORT_POLL):
-            if self._prefix.check([ABORT]) or time.monotonic() > deadline:
-                _FAILED_GROUPS.append((box, self._prefix))  # whatever the thread still builds stays aside
-                raise RuntimeError("the generation was aborted while its group formed (a peer was lost)"
-                                   if time.monotonic() <= deadline else "the group did not form in time")
+        try:
+            self._until_done(done, "forming its group")
+        except RuntimeError:
+            _FAILED_GROUPS.append((box, self._prefix))  # whatever the thread still builds stays aside
+            raise
         if "error" in box:
             raise box["error"]
         return box["group"]
@@ -469,11 +468,18 @@ class Replica:
         """
         done = threading.Event()
         work.get_future().add_done_callback(lambda _: done.set())
+        self._until_done(done, f"generation {self.generation}: a collective")
+        work.wait()  # done: raises the collective's error, if it failed
+
+    def _until_done(self, done: threading.Event, what: str) -> None:
+        """Wait for ``done``, looking every ``ABORT_POLL`` for the generation's ``abort``; raise
+        when it is there (a peer failed or was lost) or the collective timeout passed."""
         deadline = time.monotonic() + self.timeout.total_seconds()
         while not done.wait(ABORT_POLL):
-            if self._prefix.check([ABORT]) or time.monotonic() > deadline:
-                raise RuntimeError(f"generation {self.generation}: a peer's collective failed (or timed out)")
-        work.wait()  # done: raises the collective's error, if it failed
+            if self._prefix.check([ABORT]):
+                raise RuntimeError(f"{what}: given up, a peer failed or was lost")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what}: not done within the collective timeout")
 
     def _drop_group(self, abort: bool = False) -> None:
         """Leave a group after a failure: tell the other members (``abort`` in the generation's

@@ -32,6 +32,7 @@ import logging
 import math
 import time
 import uuid
+from collections import Counter
 from typing import Self
 
 import cloudpickle
@@ -365,6 +366,7 @@ class ParameterServer:
                 backed_up = True
 
         todo = None  # the shards still to compute (None: all of them)
+        buffers = self._buffer_values()  # the running statistics every shard starts from
         for _round in range(1 + MAX_RECOMPUTES):
             if not self.workers:
                 self.members.refresh(force=True)
@@ -376,16 +378,17 @@ class ParameterServer:
             if ahead is not None and _round == 0:
                 ahead_shard = self.placement.shard_of[self.placement.blocks_of(ahead % self.loop.n_data)]
             holders = [int(self.placement.holder[g]) for g, _ in shards]
+            several = {k for k, count in Counter(holders).items() if count > 1}  # their gradients come in replies
             requests = [
                 ShareRequest(
                     self.workers[k], dropout_seed(self.loop.seed, self.loop.n_updates, g), sub, epoch,
                     ahead=None if ahead_shard is None else ahead[ahead_shard == g],
-                    shard=g, in_reply=holders.count(k) > 1,
+                    shard=g, in_reply=k in several,
                 )
                 for k, (g, sub) in zip(holders, shards)
             ]
             replies, send_time = self.transport.round(
-                requests, n_chunks, self.flat_np, on_reply=add, buffers=self._buffer_values()
+                requests, n_chunks, self.flat_np, on_reply=add, buffers=buffers
             )
             summed.totals.send += send_time
             todo, lost = set(), []

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 from distributed import Client, LocalCluster
+from kill_workers import weights  # tests/stress: the parameters (and BatchNorm statistics), flat
 from sklearn.datasets import make_regression
 
 from adadamp import DaskRegressor
@@ -47,10 +48,6 @@ def watch(address, seen, stop):
             seen.setdefault(a, time.time())
         time.sleep(0.01)
     c.close()
-
-
-def w(est):
-    return torch.cat([p.detach().reshape(-1) for p in est.module_.parameters()]).numpy()
 
 
 if __name__ == "__main__":
@@ -86,7 +83,7 @@ if __name__ == "__main__":
             reg = sorted(v for a, v in seen.items() if a not in before)
             back = next((t_ for t_, n in cb.log if reg and t_ > reg[0] and n == 3), None)
             print(
-                f"kill at update {k}: max|dw| {np.abs(w(hurt) - w(calm)).max():.2e}; replacement registered "
+                f"kill at update {k}: max|dw| {np.abs(weights(hurt) - weights(calm)).max():.2e}; replacement registered "
                 f"{(reg[0] - cb.killed) if reg else float('nan'):.2f} s after the kill, first update with it "
                 f"{(back - reg[0]) if back else float('nan'):.2f} s after registering",
                 flush=True,
