@@ -287,14 +287,16 @@ async def _adadamp_release(fit_id: str) -> dict:
 
 
 def _compute(
-    state: _FitState, weights, indices, n_chunks, seed, epoch=0, ahead=None, step=None, in_reply=False, buffers=None
+    state: _FitState, weights, indices, n_chunks, seed, epoch=0, ahead=None, step=None, in_reply=False, buffers=None,
+    parts=None,
 ) -> dict:
     """One request: an all-reduce replica's update, else the share's gradient sum (``in_reply``:
     sent back in the reply even where it would go to shared memory; ``buffers``: the running
-    statistics the share starts from)."""
+    statistics the share starts from; ``parts``: the replica's shards, seed and count each)."""
     ahead = np.zeros(0, dtype=np.int64) if ahead is None else np.asarray(ahead)
     if state.replica is not None:
-        return state.replica.update(np.asarray(indices), n_chunks, seed, epoch, ahead, np.asarray(step))
+        parts = np.array([[seed, len(indices)]], dtype=np.int64) if parts is None else np.asarray(parts)
+        return state.replica.update(np.asarray(indices), n_chunks, parts, epoch, ahead, np.asarray(step))
     buffers = None if buffers is None else np.asarray(buffers)
     return share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead, in_reply, buffers)
 
@@ -314,13 +316,13 @@ async def _adadamp_commit(fit_id: str, step=None, state: bool = False, groups=No
 
 async def _adadamp_gradient(
     fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None, step=None, in_reply=False,
-    buffers=None,
+    buffers=None, parts=None,
 ) -> dict:
     """The gradient as a Dask RPC (workers without a channel)."""
     state = _FITS[fit_id]
 
     def compute():
-        r = _compute(state, weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers)
+        r = _compute(state, weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, parts)
         state.inline = r["compute_time"] < INLINE_SECONDS and state.replica is None  # collectives block
         for key in ("grad", "buffers"):
             if r[key] is not None:

@@ -91,24 +91,29 @@ def _load_buffers(targets: list[torch.Tensor], values: np.ndarray) -> None:
             offset += b.numel()
 
 
-def gradient_sum(state: _FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, seed: int) -> tuple:
-    """Accumulate the gradient SUM over ``X, y`` into ``state.grads`` (zeroed first).
+def gradient_sum(
+    state: _FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, seed: int, accumulate: bool = False
+) -> tuple:
+    """Accumulate the gradient SUM over ``X, y`` into ``state.grads`` (zeroed first, unless
+    ``accumulate``: a replica's next shard of the same update adds its sum to the last's).
 
     Returns ``(n, weight, loss_sum, chunk_sq_norm_sum, n_chunks)``: with ``n_chunks > 1`` the
     share is two chunks and the sum of their squared gradient norms (per example) is what
-    AdaScale's estimator needs (algorithms.md §2.3).  An empty share leaves a zero gradient.
+    AdaScale's estimator needs (algorithms.md §2.3).  An empty share adds nothing.
     """
     n = len(X)
-    state.grads.zero_()
+    if not accumulate:
+        state.grads.zero_()
     if n == 0:
         return 0, 0.0, 0.0, 0.0, 0
+    before = state.grads.double() if accumulate and n_chunks > 1 else None  # the statistics are this share's
     out = _seeded_forward(state, X, seed)  # one forward: BatchNorm sees the share once
     loss, weight = _loss_sum(state.criterion, out, y, n)
     first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
     loss.backward()  # the trained gradient: the same with or without statistics
     sq_sum, n_stat_chunks = 0.0, 0
     if n_chunks > 1:  # AdaScale's statistics (algorithms.md §2.3): every share is a chunk
-        whole = state.grads.double()
+        whole = state.grads.double() if before is None else state.grads.double() - before
         if first is None:  # a one-example share: one chunk
             sq_sum, n_stat_chunks = float(whole.square().sum()) / n, 1
         else:

@@ -63,6 +63,8 @@ class ShareRequest:
     (:mod:`adadamp.replica`).  ``shard`` is the shard of the batch the indices are
     (:mod:`adadamp.engine.placement`); ``in_reply`` asks a worker that maps shared memory to send
     the gradient in its reply all the same (it computes more than one shard of the update).
+    ``parts`` (all-reduce fits): the request holds several shards, one row each, their dropout seed
+    and example count; the indices are theirs, concatenated in shard order.
     """
 
     worker: str
@@ -73,6 +75,7 @@ class ShareRequest:
     step: np.ndarray | None = None
     shard: int = 0
     in_reply: bool = False
+    parts: np.ndarray | None = None  # int64 (n_shards, 2): seed, count
 
 
 @dataclass

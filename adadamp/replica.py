@@ -389,9 +389,15 @@ class Replica:
         self.applied, self.pending = update + 1, None
 
     # ------------------------------------------------------------------ one update
-    def update(self, indices: np.ndarray, n_chunks: int, seed: int, epoch: int, ahead: np.ndarray,
+    def update(self, indices: np.ndarray, n_chunks: int, parts: np.ndarray, epoch: int, ahead: np.ndarray,
                step: np.ndarray) -> dict:
-        """Take the pending step, compute this share's gradient sum and all-reduce the batch's."""
+        """Take the pending step, compute the gradient sum of this member's shards and all-reduce the batch's.
+
+        ``parts``: one row per shard, its dropout seed and example count (``indices`` holds their
+        examples in shard order).  Each shard is its own forward and backward pass, starting from
+        the update's running statistics, as on the parameter server: a shard's gradient, dropout
+        masks and BatchNorm statistics do not depend on how many shards this member computes.
+        """
         state = self.state
         with state.lock:
             state.last_used = time.monotonic()
@@ -404,21 +410,20 @@ class Replica:
                 raise RuntimeError(f"replica at update {self.applied} asked for update {update}")
             X, y = examples(state, indices, epoch, ahead)
             overlap = n_chunks <= 1 and self.size > 1  # chunk statistics need the local sum first
-            if overlap:
-                self.buckets.start(self.group)
+            before = _flat(state.buffers) if state.buffers else None  # what a failed update leaves
             try:
-                n, weight, loss_sum, sq_sum, n_stat = gradient_sum(state, X, y, n_chunks, seed)
+                sums, running = self._shard_sums(X, y, n_chunks, parts, overlap, before)
                 computed = time.perf_counter()  # what follows is the all-reduce the backward pass did not hide
             except BaseException:
-                self._drop_group()  # buckets may be in flight: this group is spent
+                self._fail(before)  # buckets may be in flight: this group is spent
                 raise
             failure = None
             try:
-                totals, running = self._reduce(overlap, [n, weight, loss_sum, sq_sum, n_stat], float(n))
+                totals, running = self._reduce(overlap, sums, running)
             except RuntimeError as err:  # a peer died, hung past the timeout, or left the group
                 failure = str(err)  # (not kept: the error's frames hold this group's work)
             if failure is not None:
-                self._drop_group()
+                self._fail(before)
                 raise CollectiveError(f"update {update}, rank {self.rank} of generation {generation}: {failure}")
             n_total, weight_total, loss_total, sq_total, chunks_total = totals.cpu().tolist()
             if state.buffers:
@@ -440,9 +445,35 @@ class Replica:
                 "digest": examples_digest(indices),  # this member's examples (the client adds them up)
             }
 
-    def _reduce(self, overlap: bool, scalars: list[float], n: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _shard_sums(
+        self, X, y, n_chunks: int, parts: np.ndarray, overlap: bool, start: torch.Tensor | None
+    ) -> tuple[list[float], torch.Tensor | None]:
+        """The gradient sum over this member's shards, in ``state.grads`` (the last shard's backward
+        pass launches the buckets when ``overlap``), each shard's forward pass starting from the
+        running statistics ``start``; returns the scalars to all-reduce (examples, weight, loss sum,
+        chunk statistics) and the running statistics weighted by each shard's examples."""
+        state = self.state
+        sums = [0.0] * 5
+        running = torch.zeros(sum(b.numel() for b in state.buffers)) if state.buffers else None
+        parts = parts if len(parts) else np.zeros((1, 2), dtype=np.int64)  # no shard: a zero gradient
+        offset = 0
+        for i, (seed, count) in enumerate(parts.tolist()):
+            if i and start is not None:
+                _set_running(state.buffers, start)
+            if overlap and i == len(parts) - 1:
+                self.buckets.start(self.group)
+            shard = slice(offset, offset + count)
+            offset += count
+            result = gradient_sum(state, X[shard], y[shard], n_chunks, seed, accumulate=i > 0)
+            sums = [a + b for a, b in zip(sums, result)]
+            if running is not None:  # (algorithms.md P17)
+                running += _flat(state.buffers) * result[0]
+        return sums, running
+
+    def _reduce(self, overlap: bool, scalars: list[float], running: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """All-reduce the gradient (what the buckets did not yet), the scalars and the running
-        statistics weighted by the share's examples; returns the last two, summed."""
+        statistics weighted by the shards' examples; returns the last two, summed."""
         state, device = self.state, self._comm_device()
         if overlap:
             self.buckets.finish(self._wait)
@@ -450,9 +481,8 @@ class Replica:
             self._wait(self.group.allreduce([state.grads]))
         totals = torch.tensor(scalars, dtype=torch.float64, device=device)
         works = [self.group.allreduce([totals])]
-        running = None
-        if state.buffers:  # running statistics: the example-weighted mean (algorithms.md P17)
-            running = torch.cat([b.reshape(-1) for b in state.buffers]).to(device) * n
+        if running is not None:
+            running = running.to(device)
             works.append(self.group.allreduce([running]))
         for work in works:
             self._wait(work)
@@ -480,6 +510,13 @@ class Replica:
                 raise RuntimeError(f"{what}: given up, a peer failed or was lost")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what}: not done within the collective timeout")
+
+    def _fail(self, running: torch.Tensor | None) -> None:
+        """An update failed: leave its group, and put back the running statistics it started
+        from (its forward passes moved them; the update is recomputed from the same state)."""
+        if running is not None:
+            _set_running(self.state.buffers, running)
+        self._drop_group()
 
     def _drop_group(self, abort: bool = False) -> None:
         """Leave a group after a failure: tell the other members (``abort`` in the generation's
@@ -552,6 +589,11 @@ def _warm_up() -> None:
     param = torch.zeros(1, requires_grad=True)
     param.grad = torch.zeros(1)
     torch.optim.SGD([param], lr=0.0).step()
+
+
+def _flat(buffers: list[torch.Tensor]) -> torch.Tensor:
+    """The running statistics, one flat float tensor (a copy) on the CPU."""
+    return torch.cat([b.detach().reshape(-1).float().cpu() for b in buffers])
 
 
 def _set_running(buffers: list[torch.Tensor], values: torch.Tensor) -> None:

@@ -141,12 +141,19 @@ def test_a_worker_killed_at_any_moment_does_not_change_the_result(moment, kill_c
 
 @pytest.mark.parametrize(
     ("backend", "workload", "moment"),
-    [("allreduce", "sgd-momentum", "rejoin"), ("ps", "dask-array", "checkpoint"), ("ps", "batchnorm", "after-update")],
+    [
+        ("allreduce", "sgd-momentum", "rejoin"),
+        ("allreduce", "batchnorm", "after-update"),
+        ("ps", "dask-array", "checkpoint"),
+        ("ps", "batchnorm", "after-update"),
+    ],
 )
 def test_a_killed_worker_on_other_backends_and_inputs(backend, workload, moment, kill_cluster):
     """The stress script's other draws, one each: the all-reduce backend (equal up to float
-    summation order), dask-array input and a BatchNorm model, running statistics included (bit for
-    bit: every shard starts from the client's statistics, whichever worker computes it)."""
+    summation order; with BatchNorm too: a replica computes each of its shards apart, and a failed
+    update leaves its running statistics as it found them), dask-array input and a BatchNorm model
+    on the parameter server, running statistics included (bit for bit: every shard starts from the
+    client's statistics, whichever worker computes it)."""
     from stress import kill_workers as kw
 
     client, X, y, _, _ = kill_cluster

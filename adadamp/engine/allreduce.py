@@ -3,12 +3,15 @@
 Each update (the parameter server's steps 1-2 are the same: the damper names the batch size,
 the sampler draws the indices from the same seeded permutation, placement routes them):
 
-3. every member gets one small request: the update number, its indices and the step it still
-   owes (the learning rate and momentum per param group and the momentum-buffer scale of the
-   last update's plan, :mod:`adadamp.replica`);
-4. the members take that step, compute their gradient sums, all-reduce them (in buckets during
-   the backward pass) with the example counts, the loss and the damper's statistics, and keep
-   the batch's mean gradient pending; each replies with a few scalars (under 200 bytes);
+3. every member gets one small request: the update number, the indices of the shards it holds
+   (the batch is cut into the fit's fixed shards, as on the parameter server), and the step it
+   still owes (the learning rate and momentum per param group and the momentum-buffer scale of
+   the last update's plan, :mod:`adadamp.replica`);
+4. the members take that step, compute their shards' gradient sums (one forward and backward
+   pass per shard, so dropout masks and BatchNorm statistics do not depend on how many workers
+   share the batch), all-reduce them (in buckets during the last backward pass) with the example
+   counts, the loss and the damper's statistics, and keep the batch's mean gradient pending;
+   each replies with a few scalars (under 200 bytes);
 5. the client's damper plans the step from those statistics; the next request carries it.
 
 The client holds no weights during an epoch: its module is brought up to date (the pending step
@@ -306,32 +309,29 @@ class AllReduce(ParameterServer):
             raise NoWorkersError("every replica was lost before the client's copy could be brought up to date")
 
     # ------------------------------------------------------------------ training
-    def _placement_shards(self, new_workers: list[str]) -> int:
-        """One shard per replica: the group all-reduces rank by rank (its sum's order follows the group)."""
-        self.n_shards = len(new_workers)
-        return self.n_shards
-
-    def _target_shards(self, batch_size: int | None = None, workers: list[str] | None = None) -> int:
-        return len(self.workers if workers is None else workers)
-
     def _reduce(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None) -> tuple[Totals, float]:
         """One update's round on the replicas; returns the batch's totals and the squared norm of
         its mean gradient.  A lost worker: the next generation recomputes the update."""
         for _round in range(1 + MAX_RECOMPUTES):
             self._ensure_group()
             lp = self.loop
-            shares = dict(self.placement.shares([idx], len(self.workers)))
+            mine: dict[int, list] = {}  # each member's shards of the batch, in shard order
+            for g, sub in self.placement.shards(idx):
+                mine.setdefault(int(self.placement.holder[g]), []).append((g, sub))
             ahead_rank = None
             if ahead is not None:
                 ahead_rank = self.placement.owner[self.placement.blocks_of(ahead % lp.n_data)]
             step = self._step_vector(lp.n_updates)
-            requests = [
-                ShareRequest(
-                    w, dropout_seed(lp.seed, lp.n_updates, k), shares.get(k, _NO_INDICES), epoch,
-                    ahead=None if ahead_rank is None else ahead[ahead_rank == k], step=step,
-                )
-                for k, w in enumerate(self.workers)
-            ]
+            requests = []
+            for k, w in enumerate(self.workers):
+                shards = mine.get(k, [])
+                parts = np.array(
+                    [(dropout_seed(lp.seed, lp.n_updates, g), len(sub)) for g, sub in shards], dtype=np.int64
+                ).reshape(-1, 2)
+                requests.append(ShareRequest(
+                    w, 0, np.concatenate([sub for _, sub in shards]) if shards else _NO_INDICES, epoch,
+                    ahead=None if ahead_rank is None else ahead[ahead_rank == k], step=step, parts=parts,
+                ))
             totals, replied = Totals(), []
             replies, totals.send = self.transport.round(requests, n_chunks, None, on_reply=_collect(totals, replied))
             lost, broken = [], []

@@ -90,8 +90,7 @@ def _mark_base_lr(optimizer: torch.optim.Optimizer) -> None:
 
 
 def dropout_seed(seed: int, n_updates: int, part: int) -> int:
-    """The random seed of part ``part`` of update ``n_updates`` (dropout masks): its shard on the
-    parameter server, its rank on the all-reduce backend."""
+    """The random seed of shard ``part`` of update ``n_updates`` (dropout masks), on both backends."""
     return (seed * 1_000_003 + n_updates * 7919 + part) % 2**63
 
 

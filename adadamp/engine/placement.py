@@ -99,8 +99,8 @@ class Placement:
     >>> p.assign(shard_of, holder, ["a", "b"])
     >>> [(g, idx.tolist()) for g, idx in p.shards(np.array([9, 0, 4, 7]))]
     [(0, [0, 4]), (1, [9, 7])]
-    >>> [(rank, idx.tolist()) for rank, idx in p.shares([np.array([9, 0, 4])], n_ranks=2)]
-    [(0, [0, 4]), (1, [9])]
+    >>> p.holder.tolist()  # the rank holding each shard
+    [0, 1]
     """
 
     def __init__(self, n_examples: int, n_blocks: int = 256, lengths: list[int] | None = None):
@@ -147,13 +147,3 @@ class Placement:
         (each shard's indices in the batch's order)."""
         shard = self.shard_of[self.blocks_of(idx)]
         return [(g, idx[shard == g]) for g in np.unique(shard).tolist()]
-
-    def shares(self, parts: list[np.ndarray], n_ranks: int) -> list[tuple[int, np.ndarray]]:
-        """Route example indices to their ranks: ``(rank, indices)`` for every rank with any, in rank order."""
-        owners = [(part, self.owner[self.blocks_of(part)]) for part in parts]
-        out = []
-        for k in range(n_ranks):
-            sub = np.concatenate([part[owner == k] for part, owner in owners])
-            if len(sub):
-                out.append((k, sub))
-        return out
