@@ -1,7 +1,7 @@
 """adadamp: train PyTorch models on a Dask cluster and grow the batch size while training.
 
 Names are imported lazily (PEP 562), so Dask workers, which only need
-``adadamp._worker``, start without importing scikit-learn.
+``adadamp.worker.plugin``, start without importing scikit-learn.
 """
 
 from importlib import import_module

@@ -25,19 +25,7 @@ import warnings
 import torch
 from sklearn.base import BaseEstimator
 
-
-class StopTraining(Exception):
-    """Raised by a callback to end training after the current epoch or update.
-
-    The estimator keeps what it trained so far and logs the message.
-
-    Examples
-    --------
-    >>> class StopAtLoss(Callback):
-    ...     def on_epoch_end(self, estimator, row=None, **info):
-    ...         if row["train_loss"] < 0.1:
-    ...             raise StopTraining(f"train_loss {row['train_loss']:.3f} < 0.1")
-    """
+from .exceptions import StopTraining
 
 
 class Callback(BaseEstimator):

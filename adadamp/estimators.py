@@ -43,7 +43,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
 
 from . import callbacks as callbacks_mod
-from . import checkpoint, inference, inputs, loading, optimizer_plan, porting, routing
+from . import checkpoint, dashboard, inference, inputs, porting, routing
 from . import cluster as cl
 from .dampers import BaseDamper, Constant
 from .engine import AllReduce, LoopState, ParameterServer
@@ -54,7 +54,9 @@ from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .modules import MLP
 from .records import TrainingState
 from .sample_weight import SampleWeightedLoss, check_sample_weight, normalized, pack
-from .seeding import seeded
+from .wire import optimizer_plan
+from .wire.seeding import seeded
+from .worker import loading
 
 __all__ = ["BaseDaskEstimator", "DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
 
@@ -825,9 +827,12 @@ class BaseDaskEstimator(BaseEstimator):
             return
         # the clones that run, kept with what they learn (EarlyStopping.best_epoch_)
         state.callbacks = callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
+        params = dashboard.short_params(self.get_params(deep=False))
         loop = FitLoop(
             self, state, checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every, verbose=self.verbose,
-            valid=valid,
+            valid=valid, page=lambda client, last: dashboard.Publisher(
+                client, type(self).__name__, params, state.loop.n_data, last
+            ),
         )
         policy, client = self._cluster_policy()
         if client is None:  # the embedded cluster, shared by this process's fits (nothing kept for the next call)

@@ -90,3 +90,18 @@ class CollectiveError(RuntimeError):
     >>> issubclass(CollectiveError, RuntimeError)
     True
     """
+
+
+class StopTraining(Exception):
+    """Raised by a callback to end training after the current epoch or update.
+
+    The estimator keeps what it trained so far and logs the message.
+
+    Examples
+    --------
+    >>> from adadamp.callbacks import Callback
+    >>> class StopAtLoss(Callback):
+    ...     def on_epoch_end(self, estimator, row=None, **info):
+    ...         if row["train_loss"] < 0.1:
+    ...             raise StopTraining(f"train_loss {row['train_loss']:.3f} < 0.1")
+    """

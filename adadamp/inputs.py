@@ -53,7 +53,7 @@ def dataset_arrays(client, dataset, rows: int = 4096):
     import dask
     import dask.array as da
 
-    from .loading import read_examples
+    from .worker.loading import read_examples
 
     head_X, head_y = client.submit(read_examples, dataset, 0, 1, pure=False).result()
     shipped = dask.delayed(dataset, pure=False)  # one key: the Dataset is pickled into the graph once

@@ -1,8 +1,8 @@
 """What the engine passes around, defined once: a worker's gradient reply, one update's record,
 one epoch's row of ``history_``, and the training state a fit works on.
 
-Plain dataclasses with no Dask and no engine imports, so the workers (``adadamp._worker``,
-``adadamp.channel``) use them without importing the client side.  ``history_`` keeps plain dicts
+Plain dataclasses with no Dask and no engine imports, so the workers (``adadamp.worker.plugin``,
+``adadamp.wire.channel``) use them without importing the client side.  ``history_`` keeps plain dicts
 (callbacks add keys such as ``valid_loss`` or ``event_cp``); :meth:`UpdateRecord.row` and
 :func:`epoch_row` are where those dicts are made.
 """
@@ -60,7 +60,7 @@ class ShareRequest:
     the fit's seed and each example's index it seeds that example's random transforms.  The
     ``ahead`` examples are keys ``data_epoch * n_examples + index``.  ``step`` (all-reduce fits)
     is the update number and the optimizer step the worker applies before computing
-    (:mod:`adadamp.replica`).  ``shard`` is the shard of the batch the indices are
+    (:mod:`adadamp.worker.replica`).  ``shard`` is the shard of the batch the indices are
     (:mod:`adadamp.engine.placement`); ``in_reply`` asks a worker that maps shared memory to send
     the gradient in its reply all the same (it computes more than one shard of the update).
     ``parts`` (all-reduce fits): the request holds several shards, one row each, their dropout seed

@@ -141,7 +141,7 @@ def overlap(quick: bool) -> list[str]:
 
 def _load_seconds(dataset, per_worker: int, repeats: int = 5) -> float:
     """Seconds to read one worker's share as a worker does (seeded, one at a time), alone."""
-    from adadamp.loading import ExampleLoader
+    from adadamp.worker.loading import ExampleLoader
 
     loader = ExampleLoader(dataset, seed=0, encode=np.asarray, threads=2)
     try:

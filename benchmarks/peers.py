@@ -257,8 +257,8 @@ def _empty_gradient(weights, indices, n_chunks, seed, *_) -> dict:
 
 
 def _start_channel(dask_worker) -> tuple[int, bytes]:
-    """A :class:`adadamp.channel.ChannelServer` on this worker that answers without computing."""
-    from adadamp.channel import ChannelServer, tcp_host
+    """A :class:`adadamp.wire.channel.ChannelServer` on this worker that answers without computing."""
+    from adadamp.wire.channel import ChannelServer, tcp_host
 
     server = ChannelServer(tcp_host(dask_worker.address), _empty_gradient, n_weights=1, on_start=lambda: None)
     dask_worker.bench_channel = server
@@ -267,7 +267,7 @@ def _start_channel(dask_worker) -> tuple[int, bytes]:
 
 def channel_round_times(client, rounds: int, warmup: int = 10) -> list[float]:
     """Seconds per synchronous empty round over the engine's data plane (one channel per worker)."""
-    from adadamp.channel import Channel, tcp_host
+    from adadamp.wire.channel import Channel, tcp_host
 
     offers = client.run(_start_channel)
     channels = [Channel(tcp_host(a), port, token, 1, timeout=60) for a, (port, token) in sorted(offers.items())]

@@ -178,7 +178,7 @@ def tables(records: list[dict], quick: bool) -> str:
         out += ["", "## Round-trip floors (e): one synchronous empty round to both workers", ""]
         out += [
             "Dask RPC: `client.rpc(addr).<op>()` fanned out in `client.sync` (the bar's floor); channel: the engine's",
-            "data plane (`adadamp.channel`, a plain TCP socket per worker served by a worker thread).",
+            "data plane (`adadamp.wire.channel`, a plain TCP socket per worker served by a worker thread).",
             "",
             "| workload | Dask RPC empty round ms | Dask RPC round with weights each way ms | channel empty round ms |",
             "|---|---:|---:|---:|",

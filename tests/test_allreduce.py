@@ -22,7 +22,7 @@ from adadamp.callbacks import Callback
 from adadamp.dampers import AdaScale, Constant, DynamicSGD, GeoDamp
 from adadamp.engine.membership import MEMBERSHIP_INTERVAL
 from adadamp.exceptions import ConvergenceError
-from adadamp.replica import Buckets, collective_backend
+from adadamp.worker.replica import Buckets, collective_backend
 
 PS, AR = "parameter-server", "allreduce"
 
@@ -194,7 +194,7 @@ class AddWorkerAt(Constant):
 
 
 def _replica_weights(dask_worker, fit_id=None):
-    from adadamp import _worker
+    from adadamp.worker import plugin as _worker
 
     return {f: s.flat.detach().numpy().copy() for f, s in _worker._FITS.items() if s.replica is not None}
 
@@ -355,7 +355,7 @@ def test_members_that_do_not_talk_to_the_dead_worker_give_up_at_once(data):
 def _die_in_rendezvous(dask_worker, marker=""):
     """Makes this worker SIGKILL itself on its way into the next all-reduce group once ``marker``
     exists (the first worker to claim it), after its peers have started waiting for its keys."""
-    from adadamp import replica
+    from adadamp.worker import replica
 
     original = getattr(replica.gloo_group, "original", replica.gloo_group)
 
@@ -451,7 +451,7 @@ def test_losing_every_replica_continues_from_the_clients_copy(data, tmp_path, ca
 def test_buckets_launch_in_order_during_the_backward_pass():
     """Buckets are contiguous ranges of the flat gradient, the last parameters first, launched by
     the backward pass's hooks as they fill."""
-    from adadamp.parameters import flatten_parameters
+    from adadamp.wire.parameters import flatten_parameters
 
     module = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
                                  torch.nn.Linear(64, 4))

@@ -1,4 +1,4 @@
-"""The per-update data plane (adadamp.channel): wire protocol, and the same training on every path."""
+"""The per-update data plane (adadamp.wire.channel): wire protocol, and the same training on every path."""
 
 import os
 import signal
@@ -16,9 +16,9 @@ from distributed import default_client
 from sklearn.datasets import make_classification
 from torch import nn
 
-from adadamp import DaskClassifier, _worker
+from adadamp import DaskClassifier
 from adadamp.callbacks import Callback
-from adadamp.channel import (
+from adadamp.wire.channel import (
     MAX_ERROR_BYTES,
     REQUEST,
     Channel,
@@ -27,6 +27,7 @@ from adadamp.channel import (
     WorkerError,
     tcp_host,
 )
+from adadamp.worker import plugin as _worker
 
 
 @pytest.mark.parametrize(

@@ -165,7 +165,7 @@ def test_predict_on_dask_runs_on_the_workers_and_returns_dask(client, clf_arrays
 
 def _fit_segments_shared_with_dask(dask_worker) -> list[bool]:
     """On a worker: for each block segment of a running fit, whether it is Dask's partition itself."""
-    from adadamp import _worker
+    from adadamp.worker import plugin as _worker
 
     held = [v for v in dask_worker.data.values() if isinstance(v, np.ndarray)]
     return [

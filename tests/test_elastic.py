@@ -16,8 +16,8 @@ from sklearn.datasets import make_classification
 from adadamp import DaskClassifier, DaskRegressor
 from adadamp.callbacks import Callback
 from adadamp.dampers import Constant, GeoDamp
+from adadamp.engine import LoopState, Sampler
 from adadamp.engine.membership import MEMBERSHIP_INTERVAL
-from adadamp.engine.sampler import LoopState, Sampler
 from adadamp.records import examples_digest
 
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from adadamp.cluster import ClusterPolicy
+from adadamp.engine import LoopState, Sampler
 from adadamp.engine.placement import Placement, plan_moves
-from adadamp.engine.sampler import LoopState, Sampler
 from adadamp.records import UpdateRecord, epoch_row
 
 

@@ -11,7 +11,7 @@ from sklearn.datasets import load_digits
 
 from adadamp import DaskClassifier, DaskRegressor
 from adadamp.engine import LoopState, Sampler
-from adadamp.loading import ExampleLoader, example_seed, float_targets
+from adadamp.worker.loading import ExampleLoader, example_seed, float_targets
 
 
 class ClientForbidden(torch.utils.data.Dataset):

@@ -8,7 +8,7 @@ from sklearn.datasets import make_regression
 
 from adadamp import DaskRegressor
 from adadamp.dampers import DynamicSGD, GeoDamp, UpdatePlan
-from adadamp.optimizer_plan import apply_plan
+from adadamp.wire.optimizer_plan import apply_plan
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from sklearn.datasets import make_regression
 from torch import nn
 
 from adadamp import DaskRegressor
-from adadamp.seeding import seeded
+from adadamp.wire.seeding import seeded
 
 
 class DropoutNet(nn.Module):

@@ -16,9 +16,10 @@ import torch
 from distributed import Client, LocalCluster
 from torch import nn
 
-from adadamp import DaskRegressor, _worker
+from adadamp import DaskRegressor
 from adadamp.callbacks import Callback
 from adadamp.exceptions import NoWorkersError
+from adadamp.worker import plugin as _worker
 
 
 @pytest.fixture(scope="module")

@@ -25,14 +25,16 @@ import torch
 from distributed import Client, LocalCluster
 from distributed.protocol import to_serialize
 
-from adadamp import DaskRegressor, _worker, checkpoint, shm
-from adadamp._worker import TrainerPlugin
+from adadamp import DaskRegressor, checkpoint
 from adadamp.callbacks import Callback
-from adadamp.channel import Channel, ChannelServer
 from adadamp.dampers import AdaScale, GeoDamp
 from adadamp.engine.transport import Transport
 from adadamp.records import GradientReply, ShareRequest
-from adadamp.resident import ResidentData
+from adadamp.wire import shm
+from adadamp.wire.channel import Channel, ChannelServer
+from adadamp.worker import plugin as _worker
+from adadamp.worker.plugin import TrainerPlugin
+from adadamp.worker.resident import ResidentData
 
 ROOT = os.geteuid() == 0
 NOBODY = 65534
@@ -316,7 +318,7 @@ def test_silent_connections_do_not_hold_up_the_client():
 
 
 def _set_accept_timeout(seconds: float) -> float:
-    from adadamp import channel
+    from adadamp.wire import channel
 
     old, channel.ACCEPT_TIMEOUT = channel.ACCEPT_TIMEOUT, seconds
     return old

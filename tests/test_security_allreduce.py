@@ -20,10 +20,10 @@ from distributed.utils import get_ip
 from sklearn.datasets import make_classification
 
 from adadamp import DaskClassifier
-from adadamp._worker import _FitState
 from adadamp.callbacks import Callback
-from adadamp.parameters import flatten_parameters
-from adadamp.replica import Replica
+from adadamp.wire.parameters import flatten_parameters
+from adadamp.worker.replica import Replica
+from adadamp.worker.state import FitState
 
 PS, AR = "parameter-server", "allreduce"
 PLAINTEXT = "adadamp.allreduce.allow-plaintext"
@@ -166,7 +166,7 @@ def test_nothing_listens_beyond_the_schedulers_interface(data, plain):
 def _replica(timeout: float) -> Replica:
     module = torch.nn.Linear(8, 3)
     flat, grads = flatten_parameters(module)
-    state = _FitState(module, torch.nn.CrossEntropyLoss(), torch.device("cpu"), flat, grads, n_total=8)
+    state = FitState(module, torch.nn.CrossEntropyLoss(), torch.device("cpu"), flat, grads, n_total=8)
     optimizer = torch.optim.Adam(module.parameters(), lr=0.1)
     return Replica(state, optimizer, fit_id="adadamp-test", worker=None, timeout=timeout, bucket_mb=1.0, applied=0)
 
@@ -208,7 +208,7 @@ def tls():
 
 
 def _fits_on_workers() -> int:
-    from adadamp import _worker
+    from adadamp.worker import plugin as _worker
 
     return len(_worker._FITS)
 

@@ -277,7 +277,7 @@ def fit_in_thread(est, X, y):
 
 def _progress() -> tuple[int, int]:
     """On a worker: (data blocks resident, training forward passes) over adadamp's fits."""
-    from adadamp import _worker
+    from adadamp.worker import plugin as _worker
 
     fits = list(_worker._FITS.values())
     return sum(len(f.block_index) for f in fits), sum(getattr(f.module, "n_forward", 0) for f in fits)
@@ -398,7 +398,7 @@ def test_allreduce_grows_with_slurm_jobs(slurm, tmp_path, request):
 
 
 def _plugin_registered(dask_scheduler) -> bool:
-    from adadamp._worker import TrainerPlugin
+    from adadamp.worker.plugin import TrainerPlugin
 
     return TrainerPlugin.name in dask_scheduler.worker_plugins
 

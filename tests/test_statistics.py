@@ -7,8 +7,11 @@ import torch
 from sklearn.datasets import make_regression
 from torch import nn
 
-from adadamp import DaskRegressor, _worker, gradient, parameters
+from adadamp import DaskRegressor
 from adadamp.dampers import AdaScale, DynamicSGD, RadaDamp
+from adadamp.wire import parameters
+from adadamp.worker import gradient
+from adadamp.worker.state import FitState
 
 
 def _fit_state(module, criterion, n=16, seed=0):
@@ -16,7 +19,7 @@ def _fit_state(module, criterion, n=16, seed=0):
     X = rng.normal(size=(n, 6)).astype(np.float32)
     y = rng.normal(size=(n, 1)).astype(np.float32)
     flat, grads = parameters.flatten_parameters(module)
-    state = _worker._FitState(module, criterion, torch.device("cpu"), flat, grads, n,
+    state = FitState(module, criterion, torch.device("cpu"), flat, grads, n,
                               buffers=parameters.float_buffers(module))
     state.update_blocks([(0, np.arange(n), X, y)], [])
     return state

@@ -10,9 +10,10 @@ import pytest
 import torch
 from sklearn.datasets import make_classification
 
-from adadamp import DaskClassifier, _worker
+from adadamp import DaskClassifier
 from adadamp.engine import session
 from adadamp.exceptions import ConvergenceError
+from adadamp.worker import plugin as _worker
 
 
 def _fits_on_workers(client) -> set[str]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from sklearn.base import BaseEstimator, clone
 
+from ..porting import OldSpellingError, damper_hint
 from ._validation import _check_int
 from .momentum import _check_momentum, _resolve_momentum
 
@@ -142,8 +143,6 @@ class BaseDamper(BaseEstimator):
     """
 
     def __new__(cls, *args, **kwargs):
-        from ..porting import OldSpellingError, damper_hint
-
         hint = damper_hint(cls, args, kwargs)  # the original adadamp's names get their new spelling
         if hint is not None:
             raise OldSpellingError(f"{cls.__name__}: {hint}.")

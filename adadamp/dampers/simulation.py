@@ -5,6 +5,7 @@ from __future__ import annotations
 from sklearn.base import clone
 
 from .base import BaseDamper
+from .clock import LoopState, Sampler
 
 
 def simulate_schedule(
@@ -13,7 +14,7 @@ def simulate_schedule(
     """Run a damper through the engine's epoch loop without a model.
 
     A clone of ``damper`` is reset and driven exactly as the engine drives
-    it, on the engine's own clock and sampler (:mod:`adadamp.engine.sampler`):
+    it, on the engine's own clock and sampler (:mod:`adadamp.dampers.clock`):
     batches never straddle data epochs (each data epoch runs
     ``ceil(n_data / B)`` updates, the last one smaller), ``plan_update``
     gets ``stats=None``, and the epoch clock advances by
@@ -45,8 +46,6 @@ def simulate_schedule(
     >>> [r["batch_size"] for r in trace]
     [4, 4, 2, 8, 2]
     """
-    from ..engine.sampler import LoopState, Sampler  # the engine's clock and batches (imported late: no cycle)
-
     d = clone(damper).reset(n_data)
     loop = LoopState(seed=0, n_data=n_data)
     sampler = Sampler(loop)

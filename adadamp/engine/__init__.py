@@ -7,7 +7,7 @@
     which worker holds which block of examples (the pure ``plan_moves``).
 ``data``
     where the blocks come from: the client's arrays, a dask array's partitions, or a torch
-    Dataset the workers read (:mod:`adadamp.loading`).
+    Dataset the workers read (:mod:`adadamp.worker.loading`).
 ``membership``
     which workers take part: setting up joiners, leaving out failures, asking the cluster for
     more or fewer workers.
@@ -22,7 +22,7 @@
     the first backend: one synchronous update at a time, the client steps.
 ``allreduce``
     the decentralized backend: replicas on the workers all-reduce and step in lockstep
-    (:mod:`adadamp.replica` is their side).
+    (:mod:`adadamp.worker.replica` is their side).
 ``loop``
     the fit loop: epochs, the callbacks' hooks, validation loss, checkpoints.
 
@@ -32,9 +32,9 @@ The batch size, learning-rate factor and momentum of each update come from the d
 This package talks to Dask and PyTorch; it knows nothing about scikit-learn.
 """
 
+from ..dampers.clock import LoopState, Sampler
 from .allreduce import AllReduce
 from .backend import Backend
 from .parameter_server import ParameterServer
-from .sampler import LoopState, Sampler
 
 __all__ = ["AllReduce", "Backend", "LoopState", "ParameterServer", "Sampler"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..records import GradientReply
-from ..shm import SharedBuffers
+from ..wire.shm import SharedBuffers
 
 
 @dataclass

@@ -6,7 +6,7 @@ the sampler draws the indices from the same seeded permutation, placement routes
 3. every member gets one small request: the update number, the indices of the shards it holds
    (the batch is cut into the fit's fixed shards, as on the parameter server), and the step it
    still owes (the learning rate and momentum per param group and the momentum-buffer scale of
-   the last update's plan, :mod:`adadamp.replica`);
+   the last update's plan, :mod:`adadamp.worker.replica`);
 4. the members take that step, compute their shards' gradient sums (one forward and backward
    pass per shard, so dropout masks and BatchNorm statistics do not depend on how many workers
    share the batch), all-reduce them (in buckets during the last backward pass) with the example
@@ -21,7 +21,7 @@ ends.  That state is also the *commit* a group falls back to when no replica is 
 Membership (Holt & Sievert name the decentralized version as the next step; the group pattern
 is torchft's, scale-anchors §1): when the workers change, the next update first forms a new
 group (a new generation, with its own rendezvous keys in the scheduler, reached over Dask's
-comm: :class:`~adadamp.replica.SchedulerStore`), whose rank 0 is a replica of the last
+comm: :class:`~adadamp.worker.replica.SchedulerStore`), whose rank 0 is a replica of the last
 generation and broadcasts its state to the joiners.  A worker lost inside a collective makes the
 others' collective fail (at once when it died, after the collective timeout when it hangs); the
 update is then recomputed by the next generation from the committed step count: no step is
@@ -54,14 +54,14 @@ from distributed import Client
 from distributed.protocol import to_serialize
 
 from ..dampers import BaseDamper, GradStats
-from ..exceptions import CollectiveError, NoWorkersError
-from ..optimizer_plan import apply_plan, group_settings
-from ..parameters import flatten_parameters, float_buffers
+from ..dampers.clock import LoopState, Sampler
+from ..exceptions import CollectiveError, NoWorkersError, StopTraining
 from ..records import ShareRequest, epoch_row
-from ..replica import ABORT, dump_state, load_state, step_vector
+from ..wire.optimizer_plan import apply_plan, group_settings
+from ..wire.parameters import flatten_parameters, float_buffers
+from ..worker.replica import ABORT, dump_state, load_state, step_vector
 from .aggregation import Totals
 from .parameter_server import MAX_RECOMPUTES, ParameterServer, dropout_seed
-from .sampler import LoopState, Sampler
 from .transport import LOST
 
 logger = logging.getLogger(__name__)
@@ -390,8 +390,6 @@ class AllReduce(ParameterServer):
     def run_epoch(self, updates: list | None = None, on_update=None) -> dict:
         """Updates until the epoch clock passes the next whole epoch; the client's module is up to
         date when it returns (also when a callback stops training)."""
-        from ..callbacks import StopTraining
-
         start = time.perf_counter()
         lp = self.loop
         target = lp.epoch_end()

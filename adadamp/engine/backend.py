@@ -14,6 +14,8 @@ from typing import Protocol, Self
 
 from distributed import Client
 
+from ..dampers.clock import LoopState
+
 
 class Backend(Protocol):
     """One ``fit`` call's training on the cluster."""
@@ -35,6 +37,14 @@ class Backend(Protocol):
 
         The parameter server's always are; the all-reduce backend's replicas hold the
         weights, and ``run_epoch`` returns with the client's copy up to date."""
+
+    def suspend(self) -> None:
+        """End one call but keep the workers, their data and the connections for the next call on
+        the same data (``partial_fit``, :class:`~adadamp.engine.session.KeptBackend`)."""
+
+    def resume(self, *, module, optimizer, damper, loop: LoopState) -> None:
+        """Train ``module`` (the same architecture as the last call's) with ``optimizer``, ``damper``
+        and the clock ``loop`` next, on the workers and data already in place."""
 
     def run_epoch(self, updates: list[dict] | None = None, on_update: Callable[[list[dict]], None] | None = None) -> dict:
         """Model updates until the epoch clock passes the next whole epoch; returns the epoch's row.

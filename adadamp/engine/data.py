@@ -11,7 +11,7 @@ holds each block, and how to move blocks to workers:
   the partition as input, so Dask moves it between workers, or recomputes it from its lineage
   when the worker that held it died; nothing passes through the client.
 * :class:`DatasetData`: a map-style torch Dataset, shipped to every worker at set-up and read
-  there example by example (:mod:`adadamp.loading`); a block is only a range of examples its
+  there example by example (:mod:`adadamp.worker.loading`); a block is only a range of examples its
   owner reads, so placing one moves nothing.
 """
 
@@ -118,7 +118,7 @@ class DaskArrayData:
         return [next(iter(holders.get(f.key, ())), None) for f in self.X_parts]
 
     def move(self, transport: Transport, placement: Placement, add: dict, drop: dict, timeout: float) -> dict:
-        from .._worker import load_block
+        from ..worker.plugin import load_block
 
         drops = [(w, "adadamp_data", {"fit_id": transport.fit_id, "add": [], "drop": drop[w]}) for w in drop if drop[w]]
         failed = _lost_ones(drops, transport.call_all(drops, timeout=timeout))
@@ -165,7 +165,7 @@ class DaskArrayData:
 class DatasetData:
     """A map-style torch Dataset of ``(x, y)`` pairs that the workers read themselves.
 
-    ``loading`` holds the :class:`~adadamp.loading.ExampleLoader` arguments besides the Dataset
+    ``loading`` holds the :class:`~adadamp.worker.loading.ExampleLoader` arguments besides the Dataset
     and the seed (``encode``, ``threads``, ``cache``).  The client never calls ``dataset[i]``.
     ``X, y`` identify the data for a checkpoint's fingerprint (a hash of the pickled Dataset).
     """

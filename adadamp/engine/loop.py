@@ -2,7 +2,7 @@
 the validation loss, checkpoints and the verbose table.
 
 The estimator builds the :class:`~adadamp.records.TrainingState` and the backend; this loop runs
-them, and publishes their progress for the live page on the Dask dashboard (:mod:`adadamp.dashboard`).  Hooks receive the estimator and keyword arguments: ``module``, ``optimizer``, ``damper``,
+them, and publishes their progress where the estimator says (the live page on the Dask dashboard).  Hooks receive the estimator and keyword arguments: ``module``, ``optimizer``, ``damper``,
 ``loop`` (the clock), ``history``, and ``record`` (one update) or ``row`` (one epoch).
 """
 
@@ -11,17 +11,31 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import torch
+from distributed import Client
 
-from .. import callbacks as callbacks_mod
 from .. import checkpoint as checkpoint_mod
-from .. import dashboard
+from ..exceptions import StopTraining
 from ..records import TrainingState
 from .backend import Backend
 
 logger = logging.getLogger(__name__)
+
+
+class Page(Protocol):
+    """Where the loop publishes a fit's progress as it goes (the live page on the Dask dashboard)."""
+
+    url: str | None
+
+    def update(self, n_update: int, record: dict) -> None: ...
+
+    def epoch(self, row: dict, eta: float | None) -> None: ...
+
+    def end(self, error: str | None = None) -> None: ...
 
 #: With ``verbose``, the fit's first epoch prints its time left after this many updates (or seconds).
 FIRST_ESTIMATE = (5, 10.0)
@@ -32,12 +46,15 @@ class FitLoop:
 
     ``checkpoint`` (a path or None) is written after every epoch and every ``checkpoint_every``
     updates; ``valid`` is ``(X, y)`` held out for ``valid_loss``; ``verbose`` prints the live page's
-    address, the time left once the first updates were measured, and a row per epoch.
+    address, the time left once the first updates were measured, and a row per epoch.  ``page(client,
+    last_epoch)`` opens where the fit's progress is published (the estimator passes the Dask
+    dashboard's :class:`~adadamp.dashboard.Publisher`).
     """
 
     def __init__(self, estimator, state: TrainingState, *, checkpoint=None, checkpoint_every=None, verbose=0,
-                 valid=None):
+                 valid=None, page: Callable[[Client, int], Page]):
         self.estimator = estimator
+        self.page = page
         self.state = state
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
@@ -79,10 +96,7 @@ class FitLoop:
         s = self.state
         last_epoch = math.floor(s.loop.epoch + 1e-9) + epochs  # where this call ends on the epoch clock
         self._backend, self._last_epoch = backend, last_epoch
-        self._publisher = dashboard.Publisher(
-            backend.client, type(self.estimator).__name__,
-            dashboard.short_params(self.estimator.get_params(deep=False)), s.loop.n_data, last_epoch,
-        )
+        self._publisher = self.page(backend.client, last_epoch)
         if self._publisher.url is not None:  # printed where the user looks; logged at verbose=0
             if self.verbose:
                 print(f"live training page: {self._publisher.url}", flush=True)
@@ -108,7 +122,7 @@ class FitLoop:
                     print_row(row, header=len(s.history) == 1, eta=left)
                 self._publisher.epoch(row, left)
                 self.call("on_epoch_end", row=row)
-        except callbacks_mod.StopTraining as stop:
+        except StopTraining as stop:
             logger.info("training stopped early: %s", stop)
         except BaseException as err:
             self._publisher.end(error=f"{type(err).__name__}: {err}")

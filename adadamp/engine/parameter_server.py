@@ -2,7 +2,7 @@
 
 Each update (DESIGN.md §2-§3):
 
-1. the damper names the batch size; :mod:`~adadamp.engine.sampler` draws that many example
+1. the damper names the batch size; :mod:`~adadamp.dampers.clock` draws that many example
    indices from one seeded permutation per data epoch (the trajectory does not depend on how
    many workers there are, elastic-anchors §4.6);
 2. :mod:`~adadamp.engine.placement` cuts the indices by shards (fixed groups of data blocks) and
@@ -43,20 +43,20 @@ from dask.utils import format_bytes
 from distributed import Client
 
 from .. import cluster as cl
-from .. import shm
-from .._worker import TrainerPlugin
-from ..channel import tcp_host
 from ..dampers import BaseDamper, GradStats, TrainState
+from ..dampers.clock import LoopState, Sampler
 from ..exceptions import ConvergenceError, NoWorkersError
-from ..optimizer_plan import apply_plan
-from ..parameters import bind_parameters, flatten_parameters, float_buffers, trainable
 from ..records import ShareRequest, UpdateRecord, epoch_row
-from ..shm import SharedBuffers
+from ..wire import shm
+from ..wire.channel import tcp_host
+from ..wire.optimizer_plan import apply_plan
+from ..wire.parameters import bind_parameters, flatten_parameters, float_buffers, trainable
+from ..wire.shm import SharedBuffers
+from ..worker.plugin import TrainerPlugin
 from .aggregation import GradientSum, Totals
 from .data import ArrayData, DaskArrayData, DatasetData
 from .membership import Membership
 from .placement import plan_moves
-from .sampler import LoopState, Sampler
 from .transport import LOST, Transport, channels_enabled
 
 logger = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 
 ``round(requests)`` sends each worker its share of an update (a :class:`ShareRequest`) and
 returns the replies in request order.  Behind it: the fit's own TCP channel
-(:mod:`adadamp.channel`) for ``tcp://`` workers, with the weights read from shared memory
-(:mod:`adadamp.shm`) by workers on the client's host, else a Dask RPC.  The set-up, data and release calls are Dask RPCs too, sent concurrently by
+(:mod:`adadamp.wire.channel`) for ``tcp://`` workers, with the weights read from shared memory
+(:mod:`adadamp.wire.shm`) by workers on the client's host, else a Dask RPC.  The set-up, data and release calls are Dask RPCs too, sent concurrently by
 :meth:`Transport.call_all`.  Lost workers come back as exceptions, never raised here.
 """
 
@@ -19,10 +19,10 @@ from distributed import Client
 from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
-from ..channel import Channel, WorkerError, tcp_host
 from ..exceptions import CollectiveError
 from ..records import GradientReply, ShareRequest
-from ..shm import SharedBuffers
+from ..wire.channel import Channel, WorkerError, tcp_host
+from ..wire.shm import SharedBuffers
 
 logger = logging.getLogger(__name__)
 

@@ -9,25 +9,22 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from .exceptions import ShareTooSmallError
-from .records import examples_digest
-from .sample_weight import SampleWeightedLoss
-from .seeding import generator_state, seeded
-
-if TYPE_CHECKING:
-    from ._worker import _FitState
+from ..exceptions import ShareTooSmallError
+from ..records import examples_digest
+from ..sample_weight import SampleWeightedLoss
+from ..wire.seeding import generator_state, seeded
+from .state import FitState
 
 _NOTHING = np.zeros(0, dtype=np.int64)
 logger = logging.getLogger(__name__)
 
 
 def share_gradient(
-    state: _FitState,
+    state: FitState,
     weights,
     indices: np.ndarray,
     n_chunks: int,
@@ -92,7 +89,7 @@ def _load_buffers(targets: list[torch.Tensor], values: np.ndarray) -> None:
 
 
 def gradient_sum(
-    state: _FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, seed: int, accumulate: bool = False
+    state: FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, seed: int, accumulate: bool = False
 ) -> tuple:
     """Accumulate the gradient SUM over ``X, y`` into ``state.grads`` (zeroed first, unless
     ``accumulate``: a replica's next shard of the same update adds its sum to the last's).
@@ -123,7 +120,7 @@ def gradient_sum(
     return n, weight, float(loss.detach()), sq_sum, n_stat_chunks
 
 
-def _seeded_forward(state: _FitState, X: torch.Tensor, seed: int) -> torch.Tensor:
+def _seeded_forward(state: FitState, X: torch.Tensor, seed: int) -> torch.Tensor:
     """The module's forward pass with its random draws (dropout) seeded by ``seed``.
 
     Seeding holds the process's generator lock, which a lazy Dataset's seeded loads also need.
@@ -150,7 +147,7 @@ def _seeded_forward(state: _FitState, X: torch.Tensor, seed: int) -> torch.Tenso
     return out
 
 
-def examples(state: _FitState, indices, epoch: int, ahead) -> tuple[torch.Tensor, torch.Tensor]:
+def examples(state: FitState, indices, epoch: int, ahead) -> tuple[torch.Tensor, torch.Tensor]:
     """The share's inputs and targets on the fit's device."""
     if state.loader is not None:
         X, y = state.loader.load(epoch, indices, ahead)
@@ -210,7 +207,7 @@ def _loss_sum(criterion, out, y, n: int) -> tuple[torch.Tensor, float]:
     return total, float((per_target * kept).sum())
 
 
-def _first_half_gradient(state: _FitState, out, y, n: int) -> torch.Tensor:
+def _first_half_gradient(state: FitState, out, y, n: int) -> torch.Tensor:
     """The gradient sum of the share's first ``n // 2`` examples, from the share's one forward pass.
 
     An extra backward of that half's loss (the graph is kept for the full

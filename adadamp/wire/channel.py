@@ -45,8 +45,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .exceptions import CollectiveError, ShareTooSmallError
-from .records import GradientReply
+from ..exceptions import CollectiveError, ShareTooSmallError
+from ..records import GradientReply
 
 # Request: number of indices (-1 closes), chunks, seed, number of weights sent (0: shared memory),
 # the data epoch of the indices, number of examples to load ahead (keys: epoch * n + index),

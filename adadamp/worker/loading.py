@@ -10,7 +10,7 @@ Random transforms draw from the process-wide generators of torch, NumPy and ``ra
 ``dataset[i]`` runs with all three seeded from ``(seed, epoch, i)``, so an example's augmentation
 differs every epoch, does not depend on which worker loads it, and a fit is reproducible.  Those
 generators are shared by every thread of the process, so a seeded load holds the process's
-generator lock (:func:`adadamp.seeding.seeded`) for the whole ``__getitem__`` call: seeded loads
+generator lock (:func:`adadamp.wire.seeding.seeded`) for the whole ``__getitem__`` call: seeded loads
 run one at a time, and give way to a forward pass that draws random numbers (dropout).  A Dataset without random transforms may set
 ``dataset_cache=True``: its loads then run in parallel without seeding, and every example is
 kept in the worker's memory after its first read.
@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from .seeding import seeded
+from ..wire.seeding import seeded
 
 __all__ = ["DatasetError", "ExampleLoader", "example_seed", "read_examples"]
 

@@ -2,7 +2,7 @@
 
 Blocks come three ways.  Blocks the client sends are owned by the fit: they are kept concatenated
 in one array, so a share is one ``index_select``.  A worker on the client's machine maps the
-client's whole training data from shared memory instead (:mod:`adadamp.shm`): placing a block
+client's whole training data from shared memory instead (:mod:`adadamp.wire.shm`): placing a block
 on it sends only the block's number, and a share is again one ``index_select``.  Blocks that are a dask collection's persisted
 partitions are borrowed: Dask already holds each partition in this worker's memory, so the fit
 keeps a view of it rather than a second copy (each example is held once), and a share is

@@ -5,7 +5,7 @@ side.  A :class:`TrainerPlugin` installs a few RPC handlers on each worker; the
 client calls them directly (``client.rpc(address)``), which costs one network
 round trip instead of a scheduler-mediated task (DESIGN.md §3).  On ``tcp://``
 workers the per-update gradient requests then bypass Dask's comm altogether:
-the set-up opens a :class:`~adadamp.channel.ChannelServer` whose thread
+the set-up opens a :class:`~adadamp.wire.channel.ChannelServer` whose thread
 computes the gradients, off the worker's event loop, so heartbeats continue
 while a gradient is computed.  Elsewhere gradients are Dask RPCs, computed on
 one dedicated thread per worker process (or inline when they are quick).
@@ -22,10 +22,8 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import cloudpickle
 import numpy as np
@@ -33,13 +31,13 @@ import torch
 from distributed import WorkerPlugin
 from distributed.protocol import to_serialize
 
-from .channel import IDLE_TIMEOUT, ChannelServer, tcp_host
+from ..wire.channel import IDLE_TIMEOUT, ChannelServer, tcp_host
+from ..wire.parameters import bind_parameters, flatten_parameters, float_buffers
+from ..wire.shm import attach, attach_data
 from .gradient import share_gradient
 from .loading import ExampleLoader
-from .parameters import bind_parameters, flatten_parameters, float_buffers
 from .replica import Replica
-from .resident import ResidentData
-from .shm import attach, attach_data
+from .state import FitState
 
 __all__ = ["TrainerPlugin"]
 
@@ -48,45 +46,10 @@ HANDLERS = ("adadamp_setup", "adadamp_data", "adadamp_gradient", "adadamp_releas
 # One compute thread per worker process: gradients of concurrent fits queue
 # here instead of competing for the worker's cores.
 _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adadamp-compute")
-_FITS: dict[str, _FitState] = {}
+_FITS: dict[str, FitState] = {}
 _WORKER = {"host": None, "nthreads": 1, "address": None, "worker": None}  # this process's worker, its channel host
 INLINE_SECONDS = 0.1  # gradients faster than this run on the worker's event loop
 IDLE_SECONDS = IDLE_TIMEOUT  # a fit with no request for this long is dropped (its client is gone)
-
-
-@dataclass
-class _FitState:
-    module: torch.nn.Module
-    criterion: torch.nn.Module
-    device: torch.device
-    flat: torch.Tensor
-    grads: torch.Tensor
-    n_total: int
-    shared: bool = False  # weights and gradient live in shared memory with the client
-    inline: bool = False  # the last gradient was quick: compute on the event loop
-    shared_weights: torch.Tensor | None = None  # (GPU workers: host copies of the two)
-    shared_gradient: torch.Tensor | None = None
-    data: ResidentData | None = None  # the blocks placed here (set in __post_init__)
-    buffers: list[torch.Tensor] = field(default_factory=list)  # float buffers sent back each update
-    lock: threading.Lock = field(default_factory=threading.Lock)  # data changes vs. gradients
-    last_used: float = field(default_factory=time.monotonic)  # the client's last request or set-up
-    channel: ChannelServer | None = None
-    loader: ExampleLoader | None = None  # a lazy Dataset: examples are read per share, not placed
-    forward_draws: bool | None = None  # whether the module's forward draws random numbers (None: not seen)
-    replica: Replica | None = None  # an all-reduce fit: this worker's optimizer and process group
-
-    def __post_init__(self):
-        if self.data is None:
-            self.data = ResidentData(self.n_total, self.device)
-
-    @property
-    def block_index(self) -> dict[int, range]:
-        return self.data.block_index
-
-    def update_blocks(self, add, drop, borrowed: bool = False) -> None:
-        """Add ``[(block, idx, X, y)]`` and drop block ids (``borrowed``: Dask's partitions, kept as views)."""
-        with self.lock:
-            self.data.update(add, drop, borrowed)
 
 
 def _set_native_malloc() -> None:
@@ -176,7 +139,7 @@ async def _adadamp_setup(
     Dataset and how to load it (pickled), read here example by example.
     ``replica`` (an all-reduce fit, whose payload also holds the optimizer): the collective
     timeout, the bucket size and the update count of the payload's state
-    (:class:`~adadamp.replica.Replica`); only the training data is mapped then.
+    (:class:`~adadamp.worker.replica.Replica`); only the training data is mapped then.
     """
     _close_fit(fit_id)
 
@@ -186,7 +149,7 @@ async def _adadamp_setup(
         module = module.to(device)
         module.train()
         flat, grads = flatten_parameters(module)
-        state = _FitState(module, criterion, device, flat, grads, int(n_total), buffers=float_buffers(module))
+        state = FitState(module, criterion, device, flat, grads, int(n_total), buffers=float_buffers(module))
         if dataset is not None:
             state.loader = ExampleLoader(**_unpickle(dataset, "the Dataset"), where=f"worker {_WORKER['address']}")
         mapped = None if shared is None or replica is not None else attach(shared, flat.numel())
@@ -227,7 +190,7 @@ async def _adadamp_setup(
     return reply
 
 
-def _close_fit(fit_id: str, only: _FitState | None = None) -> None:
+def _close_fit(fit_id: str, only: FitState | None = None) -> None:
     """Drop a fit's state (``only``: if it is still that state, not a newer set-up's)."""
     state = _FITS.get(fit_id)
     if state is None or (only is not None and state is not only):
@@ -287,7 +250,7 @@ async def _adadamp_release(fit_id: str) -> dict:
 
 
 def _compute(
-    state: _FitState, weights, indices, n_chunks, seed, epoch=0, ahead=None, step=None, in_reply=False, buffers=None,
+    state: FitState, weights, indices, n_chunks, seed, epoch=0, ahead=None, step=None, in_reply=False, buffers=None,
     parts=None,
 ) -> dict:
     """One request: an all-reduce replica's update, else the share's gradient sum (``in_reply``:

@@ -1,4 +1,6 @@
-"""Which examples each update uses: the training clock and one seeded permutation per data epoch.
+"""The clock a schedule runs on, and which examples each update uses: one seeded permutation per
+data epoch.  The engine trains on it and :func:`~adadamp.dampers.simulate_schedule` runs a damper on
+it without a model, so the two count updates alike.
 
 The trajectory must not depend on how many workers there are, or which: so the indices of an
 update come from a permutation seeded by ``(seed, data_epoch)`` alone (elastic-anchors §4.6),
@@ -13,7 +15,7 @@ import math
 
 import numpy as np
 
-from ..dampers import TrainState
+from .base import TrainState
 
 
 @dataclasses.dataclass

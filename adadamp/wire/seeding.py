@@ -9,7 +9,7 @@ as a task) while the same process computes another fit's gradients: the
 module's initial weights then came from the other fit's dropout seed.  Every
 seeded use of the generator in adadamp goes through :func:`seeded`, which
 holds one process-wide lock, so the same seed always gives the same draws.
-The threads that read a lazy Dataset's examples (:mod:`adadamp.loading`)
+The threads that read a lazy Dataset's examples (:mod:`adadamp.worker.loading`)
 take it in the background: they wait while a gradient waits for it.
 """
 

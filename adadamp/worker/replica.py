@@ -1,0 +1,604 @@
+"""A worker's replica of the module and optimizer in an all-reduce fit (runs on the workers).
+
+Each update every member computes the gradient SUM over its share, all-reduces the sums, the
+example counts, the loss and the damper's statistics with ``torch.distributed`` (gloo on CPU,
+NCCL on CUDA devices), divides once by the batch's total and keeps the mean gradient *pending*:
+the step is taken when the next request arrives, because that request carries the plan the
+client's damper made from this update's statistics (so the plan costs no extra round trip).
+Members take the same step on the same numbers, so the replicas stay bitwise identical.
+
+Gradients are all-reduced in buckets while the backward pass still runs (as PyTorch's DDP
+does): a bucket is a contiguous range of the flat gradient, launched as soon as the backward
+pass has filled it, in the same order on every rank.
+
+Membership: a group is one *generation* with its own rendezvous keys (torchft's pattern,
+scale-anchors §1), kept in the scheduler and reached over Dask's comm (:class:`SchedulerStore`).
+Forming one, the members first take the step they may still owe, then rank 0 (a member of the
+last generation, or the client's committed copy) broadcasts weights, running statistics and
+optimizer state, so a joiner starts from them (no more bytes than the model's state can hold: gloo
+authenticates no peer).  A collective that fails (a peer died, or hung past the timeout) raises
+:class:`~adadamp.exceptions.CollectiveError` and drops the pending gradient; the client forms
+the next generation without the lost worker and recomputes the update.  Steps are numbered, so
+none is applied twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import io
+import logging
+import math
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from distributed.comm import get_address_host
+from distributed.utils import sync
+
+from ..exceptions import CollectiveError
+from ..records import examples_digest
+from ..wire.optimizer_plan import apply_settings
+from ..wire.parameters import trainable
+from .gradient import examples, gradient_sum
+from .state import FitState
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a collective runs before its members start looking for a failed peer every as often.
+ABORT_POLL = 0.2
+#: The store key that marks a generation given up (by a member whose collective failed, or by the
+#: client when a member is lost while the group forms).
+ABORT = "abort"
+_FAILED_GROUPS: list = []  # groups left after a failure (never destroyed: their threads may still wait)
+
+#: Step vector layout (float64): generation, update number, the update whose step to take
+#: first (-1: none), momentum-buffer scale, then (lr, momentum) per param group.
+STEP_HEADER = 4
+
+#: The most a replica's state can hold: its weights and running statistics, and per parameter at
+#: most this many more copies of them in the optimizer's state (momentum 1, Adam 2, AMSGrad 3)...
+STATE_COPIES = 8
+#: ... plus this many bytes of ``torch.save`` records per tensor, and 1 MiB.
+STATE_RECORD_BYTES = 4096
+
+
+def step_vector(generation: int, update: int, step_of: int, buffer_scale: float, settings: list[float]) -> np.ndarray:
+    """What an all-reduce request carries besides the indices.
+
+    Examples
+    --------
+    >>> step_vector(2, 7, 6, 1.0, [0.1, 0.9]).tolist()
+    [2.0, 7.0, 6.0, 1.0, 0.1, 0.9]
+    """
+    return np.array([generation, update, step_of, buffer_scale, *settings], dtype=np.float64)
+
+
+def collective_backend(device: torch.device | str) -> str:
+    """The ``torch.distributed`` backend for replicas on ``device``: NCCL for CUDA, else gloo.
+
+    Examples
+    --------
+    >>> collective_backend("cpu"), collective_backend("cuda:1")
+    ('gloo', 'nccl')
+    """
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+class SchedulerStore(dist.Store):
+    """One generation's rendezvous: ``torch.distributed`` store keys in the Dask scheduler's metadata
+    (``set_metadata``: "small amounts of data ... for administrative purposes"), reached over the
+    worker's own connection to the scheduler.
+
+    So nothing listens for it: only who can talk to the scheduler (whom Dask trusts with running
+    code on the workers anyway) can read a member's address, plant a key or join the group, and on
+    a TLS cluster the rendezvous is encrypted with the rest of Dask's comm.  Gloo calls ``set``,
+    ``get`` and ``wait`` while it forms the group (from the thread that builds it, never the
+    worker's event loop); the members use ``set`` and ``check`` for ``abort``.  A wait polls: a
+    generation's keys are a few hundred bytes per member, written once.
+    """
+
+    def __init__(self, worker: Worker, keys: tuple[str, ...], timeout: float):
+        super().__init__()
+        self._worker, self._keys, self._timeout = worker, list(keys), timeout
+
+    def _call(self, op: str, **kwargs):
+        try:
+            return sync(self._worker.loop, getattr(self._worker.scheduler, op), callback_timeout=self._timeout,
+                        **kwargs)
+        except OSError as err:  # the scheduler is gone (or slow): as a store that stopped answering
+            raise dist.DistStoreError(f"rendezvous {'/'.join(self._keys)}: {op} failed: {err!r}") from err
+
+    def _entries(self) -> dict:
+        return self._call("get_metadata", keys=self._keys, default=None) or {}
+
+    def set(self, key: str, value) -> None:
+        self._call("set_metadata", keys=[*self._keys, key], value=bytes(value))
+
+    def check(self, keys: list[str]) -> bool:
+        entries = self._entries()
+        return all(k in entries for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self._wait_for([key])[key]
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        self._wait_for(keys, None if timeout is None else timeout.total_seconds())
+
+    def _wait_for(self, keys: list[str], timeout: float | None = None) -> dict:
+        start = time.monotonic()
+        deadline = start + (self._timeout if timeout is None else timeout)
+        delay = 0.001
+        while True:
+            entries = self._entries()
+            if all(k in entries for k in keys):
+                return entries
+            if ABORT in entries:  # a member (or the client) gave this generation up: so does its rendezvous
+                raise dist.DistStoreError(f"rendezvous {'/'.join(self._keys)}: aborted while waiting for {keys}")
+            if time.monotonic() > deadline:
+                missing = [k for k in keys if k not in entries]
+                raise dist.DistStoreError(f"rendezvous {'/'.join(self._keys)}: no {missing} in {deadline - start:.0f} s")
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+
+
+def gloo_group(store: dist.Store, rank: int, size: int, host: str, timeout: datetime.timedelta):
+    """A gloo group whose sockets listen on ``host`` (the worker's Dask address: the interface its
+    peers reach it on), or on the interfaces ``GLOO_SOCKET_IFNAME`` names where it is set.
+
+    Gloo's own default is the interface of the machine's host name, whatever the cluster uses;
+    binding a device to an address goes through ``_Options``, as torch's own gloo tests do.
+    """
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    options._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, size, options)
+
+
+class Buckets:
+    """The flat gradient cut into buckets that are all-reduced during the backward pass.
+
+    Buckets follow the parameters in reverse (the order the backward pass fills them); the first
+    is small (``first_bytes``) so communication starts early, the others up to ``bucket_bytes``
+    (DDP's 1 MB and 25 MB).  Hooks fire after a parameter's gradient is accumulated; a bucket is
+    launched when all its parameters are in and every bucket before it was launched.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], grads: torch.Tensor, bucket_bytes: int, first_bytes: int):
+        self.grads = grads
+        sizes = [p.numel() for p in params]
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)
+        self.ranges: list[tuple[int, int]] = []
+        self.members: list[int] = []
+        bucket_of: dict[int, int] = {}
+        limit, lo, hi, count = first_bytes, None, None, 0
+        for i in reversed(range(len(params))):
+            lo, hi = int(starts[i]), hi if hi is not None else int(starts[i] + sizes[i])
+            bucket_of[i] = len(self.ranges)
+            count += 1
+            if (hi - lo) * grads.element_size() >= limit or i == 0:
+                self.ranges.append((lo, hi))
+                self.members.append(count)
+                limit, hi, count = bucket_bytes, None, 0
+        self._next = 0
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(lambda _p, b=bucket_of[i]: self._filled(b)) for i, p in enumerate(params)
+        ]
+        self.group = None
+        self._armed = False
+        self._works: list = []
+        self._error: BaseException | None = None
+
+    def start(self, group) -> None:
+        """Launch buckets on ``group`` as the coming backward pass fills them."""
+        self.group, self._armed, self._works, self._error = group, True, [], None
+        self._count = [0] * len(self.ranges)
+        self._next = 0
+
+    @property
+    def launched(self) -> int:
+        """Buckets launched so far in this update (by the backward pass, before :meth:`finish`)."""
+        return self._next
+
+    def _filled(self, bucket: int) -> None:
+        if not self._armed:
+            return
+        self._count[bucket] += 1
+        while self._next < len(self.ranges) and self._count[self._next] == self.members[self._next]:
+            self._launch()
+
+    def _launch(self) -> None:
+        lo, hi = self.ranges[self._next]
+        self._next += 1
+        try:
+            self._works.append(self.group.allreduce([self.grads[lo:hi]]))
+        except RuntimeError as err:  # a hook must not raise into autograd: reported by finish()
+            self._error = err
+
+    def disarm(self) -> None:
+        self._armed, self._works = False, []
+
+    def finish(self, wait) -> None:
+        """Launch the buckets the backward pass did not fill (unused parameters, an empty
+        share), in order, and ``wait(work)`` for all."""
+        try:
+            while self._next < len(self.ranges):
+                self._launch()
+            for work in self._works:
+                wait(work)
+        finally:
+            self._armed, self._works = False, []
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
+class Replica:
+    """This worker's copy of an all-reduce fit's module (in ``state``) and optimizer.
+
+    ``applied`` counts the updates whose step this replica has taken (its weights are the
+    weights after that many updates); ``pending`` is the update whose mean gradient sits in the
+    flat gradient buffer, waiting for its step.  ``worker``: the Dask worker that holds it (the
+    groups' rendezvous goes over its connection to the scheduler).
+    """
+
+    def __init__(self, state: FitState, optimizer: torch.optim.Optimizer, *, fit_id: str, worker: Worker | None,
+                 timeout: float, bucket_mb: float, applied: int):
+        self.state = state
+        self.optimizer = optimizer
+        self.fit_id = fit_id
+        self.worker = worker
+        self.timeout = datetime.timedelta(seconds=timeout)
+        self.backend = collective_backend(state.device)
+        self.applied = int(applied)
+        self.pending: int | None = None
+        self.group = None
+        self.generation: int | None = None
+        self.rank, self.size = 0, 1
+        self._prefix: dist.Store | None = None  # the current generation's rendezvous
+        _warm_up()
+        mb = 2**20
+        self.buckets = Buckets(trainable(state.module), state.grads, int(bucket_mb * mb), min(mb, int(bucket_mb * mb)))
+
+    # ------------------------------------------------------------------ the group
+    def join(self, generation: int, rank: int, size: int, step: np.ndarray | None, restore: bytes | None) -> dict:
+        """Form generation ``generation``'s group as ``rank`` of ``size`` and take rank 0's state.
+
+        ``step`` is the step this replica may still owe (taken first, if it was not); ``restore``
+        (rank 0 only) is the client's committed state, used when no member of the last
+        generation remains.
+        """
+        with self.state.lock:
+            return self._join(generation, rank, size, step, restore)
+
+    def _join(self, generation, rank, size, step, restore) -> dict:
+        start = time.perf_counter()
+        self.take_step(step, strict=False)  # a joiner owes nothing: it takes rank 0's state below
+        self.group = None  # the last generation's group: its peers may be gone
+        try:
+            store = self._prefix = SchedulerStore(self.worker, (self.fit_id, str(generation)),
+                                                  self.timeout.total_seconds())
+            if self.backend == "nccl":  # untested here (no GPU on the development machine)
+                group = self._abortable(lambda: dist.ProcessGroupNCCL(store, rank, size))
+            else:
+                host = get_address_host(self.worker.address)
+                group = self._abortable(lambda: gloo_group(store, rank, size, host, self.timeout))
+            self.group, self.generation, self.rank, self.size = group, generation, rank, size
+            if restore is not None:
+                self.load(restore)
+            self._broadcast_state()
+        except RuntimeError as err:
+            failure = str(err)
+        else:
+            return {"applied": self.applied, "seconds": time.perf_counter() - start}
+        self._drop_group(abort=True)  # also when no group was built: the peers still wait in the rendezvous
+        raise CollectiveError(f"forming generation {generation} failed on rank {rank}: {failure}")
+
+    def _abortable(self, build):
+        """``build()`` the group in a thread of its own, and give it up when the generation is
+        aborted (a peer died in the rendezvous: the client or a peer set ``abort``) or the
+        collective timeout passed.
+
+        A peer that dies before writing its rendezvous keys is noticed by the store's waits
+        (:class:`SchedulerStore` looks for ``abort`` too); one that dies after, while the group's
+        sockets connect, only from here.  The abandoned thread ends with its own timeout at the
+        latest; a group it still builds is kept aside, never used.
+        """
+        done, box = threading.Event(), {}
+
+        def run():
+            try:
+                box["group"] = build()
+            except BaseException as err:  # noqa: BLE001 -- handed to the waiting thread
+                box["error"] = err
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"adadamp-rendezvous-{self.fit_id}", daemon=True).start()
+        try:
+            self._until_done(done, "forming its group")
+        except RuntimeError:
+            _FAILED_GROUPS.append((box, self._prefix))  # whatever the thread still builds stays aside
+            raise
+        if "error" in box:
+            raise box["error"]
+        return box["group"]
+
+    def _broadcast_state(self) -> None:
+        """Rank 0's weights, running statistics and optimizer state to every member."""
+        device = self._comm_device()
+        blob = self.dump() if self.rank == 0 else b""
+        length = torch.tensor([len(blob)], dtype=torch.int64, device=device)
+        self._wait(self.group.broadcast(length, 0))
+        if self.rank == 0:
+            data = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
+        else:
+            n, most = int(length.item()), self.max_state_bytes()
+            if not 0 < n <= most:  # checked before allocating: gloo's peers are not authenticated
+                raise RuntimeError(f"rank 0 announced {n} bytes of state; this model's state holds at most {most}")
+            data = torch.empty(n, dtype=torch.uint8, device=device)
+        self._wait(self.group.broadcast(data, 0))
+        if self.rank != 0:
+            self.load(data.cpu().numpy().tobytes())
+
+    def max_state_bytes(self) -> int:
+        """The most bytes :meth:`dump` can write for this model (``STATE_COPIES``)."""
+        tensors = [*self.state.module.parameters(), *self.state.buffers]
+        weights = sum(t.numel() * t.element_size() for t in tensors)
+        return STATE_COPIES * (weights + STATE_RECORD_BYTES * len(tensors)) + 2**20
+
+    def _comm_device(self) -> torch.device:
+        return self.state.device if self.backend == "nccl" else torch.device("cpu")
+
+    # ------------------------------------------------------------------ state
+    def dump(self) -> bytes:
+        return dump_state(self.state.flat, self.state.buffers, self.optimizer, self.applied)
+
+    def load(self, blob: bytes) -> None:
+        self.applied, self.pending = load_state(blob, self.state.flat, self.state.buffers, self.optimizer), None
+
+    def take_step(self, step: np.ndarray | None, strict: bool = True) -> None:
+        """Take the step ``step`` names unless it was taken already (steps are numbered).
+
+        ``strict``: a replica that cannot take it (no pending gradient for that update) raises.
+        """
+        if step is None or step[2] < 0:
+            return
+        update = int(step[2])
+        if self.applied > update:
+            return  # taken before the last request failed
+        if self.applied != update or self.pending != update:
+            if not strict:
+                return
+            raise RuntimeError(f"replica at update {self.applied} (pending {self.pending}) cannot take step {update}")
+        apply_settings(self.optimizer, step[STEP_HEADER:], float(step[3]))
+        self.optimizer.step()
+        self.applied, self.pending = update + 1, None
+
+    # ------------------------------------------------------------------ one update
+    def update(self, indices: np.ndarray, n_chunks: int, parts: np.ndarray, epoch: int, ahead: np.ndarray,
+               step: np.ndarray) -> dict:
+        """Take the pending step, compute the gradient sum of this member's shards and all-reduce the batch's.
+
+        ``parts``: one row per shard, its dropout seed and example count (``indices`` holds their
+        examples in shard order).  Each shard is its own forward and backward pass, starting from
+        the update's running statistics, as on the parameter server: a shard's gradient, dropout
+        masks and BatchNorm statistics do not depend on how many shards this member computes.
+        """
+        state = self.state
+        with state.lock:
+            state.last_used = time.monotonic()
+            start = time.perf_counter()
+            generation, update = int(step[0]), int(step[1])
+            if self.group is None or generation != self.generation:
+                raise CollectiveError(f"rank {self.rank} is not in generation {generation} (at {self.generation})")
+            self.take_step(step)
+            if self.applied != update:
+                raise RuntimeError(f"replica at update {self.applied} asked for update {update}")
+            X, y = examples(state, indices, epoch, ahead)
+            overlap = n_chunks <= 1 and self.size > 1  # chunk statistics need the local sum first
+            before = _flat(state.buffers) if state.buffers else None  # what a failed update leaves
+            try:
+                sums, running = self._shard_sums(X, y, n_chunks, parts, overlap, before)
+                computed = time.perf_counter()  # what follows is the all-reduce the backward pass did not hide
+            except BaseException:
+                self._fail(before)  # buckets may be in flight: this group is spent
+                raise
+            failure = None
+            try:
+                totals, running = self._reduce(overlap, sums, running)
+            except RuntimeError as err:  # a peer died, hung past the timeout, or left the group
+                failure = str(err)  # (not kept: the error's frames hold this group's work)
+            if failure is not None:
+                self._fail(before)
+                raise CollectiveError(f"update {update}, rank {self.rank} of generation {generation}: {failure}")
+            n_total, weight_total, loss_total, sq_total, chunks_total = totals.cpu().tolist()
+            if state.buffers:
+                _set_running(state.buffers, running / max(n_total, 1.0))
+            with np.errstate(invalid="ignore", over="ignore"):
+                state.grads.mul_(1.0 / weight_total if weight_total else 0.0)
+            sq_norm = float(torch.linalg.vector_norm(state.grads, dtype=torch.float64) ** 2)
+            self.pending = update
+            return {
+                "grad": None,
+                "buffers": None,
+                "n": int(n_total),
+                "weight": weight_total,
+                "loss_sum": loss_total,
+                "chunk_sq_norm_sum": sq_total,
+                "n_chunks": int(chunks_total),
+                "compute_time": computed - start,  # loading, the step and the gradient
+                "grad_sq_norm": sq_norm if math.isfinite(sq_norm) else math.inf,
+                "digest": examples_digest(indices),  # this member's examples (the client adds them up)
+            }
+
+    def _shard_sums(
+        self, X, y, n_chunks: int, parts: np.ndarray, overlap: bool, start: torch.Tensor | None
+    ) -> tuple[list[float], torch.Tensor | None]:
+        """The gradient sum over this member's shards, in ``state.grads`` (the last shard's backward
+        pass launches the buckets when ``overlap``), each shard's forward pass starting from the
+        running statistics ``start``; returns the scalars to all-reduce (examples, weight, loss sum,
+        chunk statistics) and the running statistics weighted by each shard's examples."""
+        state = self.state
+        sums = [0.0] * 5
+        running = torch.zeros(sum(b.numel() for b in state.buffers)) if state.buffers else None
+        parts = parts if len(parts) else np.zeros((1, 2), dtype=np.int64)  # no shard: a zero gradient
+        offset = 0
+        for i, (seed, count) in enumerate(parts.tolist()):
+            if i and start is not None:
+                _set_running(state.buffers, start)
+            if overlap and i == len(parts) - 1:
+                self.buckets.start(self.group)
+            shard = slice(offset, offset + count)
+            offset += count
+            result = gradient_sum(state, X[shard], y[shard], n_chunks, seed, accumulate=i > 0)
+            sums = [a + b for a, b in zip(sums, result)]
+            if running is not None:  # (algorithms.md P17)
+                running += _flat(state.buffers) * result[0]
+        return sums, running
+
+    def _reduce(self, overlap: bool, scalars: list[float], running: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """All-reduce the gradient (what the buckets did not yet), the scalars and the running
+        statistics weighted by the shards' examples; returns the last two, summed."""
+        state, device = self.state, self._comm_device()
+        if overlap:
+            self.buckets.finish(self._wait)
+        elif self.size > 1:
+            self._wait(self.group.allreduce([state.grads]))
+        totals = torch.tensor(scalars, dtype=torch.float64, device=device)
+        works = [self.group.allreduce([totals])]
+        if running is not None:
+            running = running.to(device)
+            works.append(self.group.allreduce([running]))
+        for work in works:
+            self._wait(work)
+        return totals, running
+
+    def _wait(self, work) -> None:
+        """Wait for a collective, and give it up when another member's failed.
+
+        A peer that dies is noticed at once only by the members it talks to directly; the others
+        would wait for the collective timeout.  So a member whose collective fails says so in the
+        generation's store (``abort``), and a member still waiting after ``ABORT_POLL`` looks there
+        every ``ABORT_POLL`` seconds.  A normal collective never looks.
+        """
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _: done.set())
+        self._until_done(done, f"generation {self.generation}: a collective")
+        work.wait()  # done: raises the collective's error, if it failed
+
+    def _until_done(self, done: threading.Event, what: str) -> None:
+        """Wait for ``done``, looking every ``ABORT_POLL`` for the generation's ``abort``; raise
+        when it is there (a peer failed or was lost) or the collective timeout passed."""
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while not done.wait(ABORT_POLL):
+            if self._prefix.check([ABORT]):
+                raise RuntimeError(f"{what}: given up, a peer failed or was lost")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what}: not done within the collective timeout")
+
+    def _fail(self, running: torch.Tensor | None) -> None:
+        """An update failed: leave its group, and put back the running statistics it started
+        from (its forward passes moved them; the update is recomputed from the same state)."""
+        if running is not None:
+            _set_running(self.state.buffers, running)
+        self._drop_group()
+
+    def _drop_group(self, abort: bool = False) -> None:
+        """Leave a group after a failure: tell the other members (``abort`` in the generation's
+        store) and keep the group object alive, aside: its threads may still wait on a peer until
+        the timeout, and destroying it would wait for them.  ``abort``: say so also when no group
+        was formed (a failed rendezvous)."""
+        self.buckets.disarm()
+        group, self.group, self.pending = self.group, None, None
+        if group is not None:
+            _FAILED_GROUPS.append((group, self._prefix))  # the store too: the group's C++ side uses it
+        if (group is not None or abort) and self._prefix is not None:
+            with contextlib.suppress(Exception):  # the scheduler may be gone
+                self._prefix.set(ABORT, b"1")
+
+    def commit(self, step: np.ndarray | None, state: bool, groups: bytes | None = None) -> dict:
+        """Take the pending step (the end of an epoch or of the fit); return the state if asked.
+
+        ``groups``: the client's param groups (``torch.save``d, without the parameters): a warm
+        call changed the optimizer's hyperparameters (``set_params(optimizer__...)``).
+        """
+        with self.state.lock:
+            self.state.last_used = time.monotonic()
+            self.take_step(step)
+            self.pending = None
+            if groups is not None:
+                for group, new in zip(self.optimizer.param_groups, torch.load(io.BytesIO(groups), weights_only=True)):
+                    group.update({k: v for k, v in new.items() if k != "params"})
+            return {"applied": self.applied, "state": self.dump() if state else None}
+
+    def close(self) -> None:
+        self.buckets.close()
+        self.group = None
+
+
+def dump_state(flat: torch.Tensor, buffers: list[torch.Tensor], optimizer, applied: int) -> bytes:
+    """A replica's state as bytes (``torch.save``): weights, running statistics, optimizer state and
+    the update count.  Replicas broadcast it to joiners; the client's committed copy is one too."""
+    buf = io.BytesIO()
+    torch.save({
+        "flat": flat.detach().cpu(),
+        "buffers": [b.detach().cpu() for b in buffers],
+        "optimizer": optimizer.state_dict(),
+        "applied": int(applied),
+    }, buf)
+    return buf.getvalue()
+
+
+def load_state(blob: bytes, flat: torch.Tensor, buffers: list[torch.Tensor], optimizer,
+               keep_groups: bool = False) -> int:
+    """Load what :func:`dump_state` wrote (``weights_only``); returns its update count.
+
+    ``keep_groups``: keep the optimizer's own param groups (the client's: its learning-rate
+    schedule), taking only the per-parameter state.
+    """
+    saved = torch.load(io.BytesIO(blob), weights_only=True)
+    with torch.no_grad():
+        flat.copy_(saved["flat"])
+        for b, v in zip(buffers, saved["buffers"]):
+            b.copy_(v)
+    state = saved["optimizer"]
+    if keep_groups:
+        state["param_groups"] = optimizer.state_dict()["param_groups"]
+    optimizer.load_state_dict(state)
+    return int(saved["applied"])
+
+
+def _warm_up() -> None:
+    """Pay, at set-up, what a process pays the first time it builds an optimizer and steps it
+    (torch imports ``torch._dynamo``: 0.6-0.9 s here), so the first update does not."""
+    param = torch.zeros(1, requires_grad=True)
+    param.grad = torch.zeros(1)
+    torch.optim.SGD([param], lr=0.0).step()
+
+
+def _flat(buffers: list[torch.Tensor]) -> torch.Tensor:
+    """The running statistics, one flat float tensor (a copy) on the CPU."""
+    return torch.cat([b.detach().reshape(-1).float().cpu() for b in buffers])
+
+
+def _set_running(buffers: list[torch.Tensor], values: torch.Tensor) -> None:
+    offset = 0
+    with torch.no_grad():
+        for b in buffers:
+            b.copy_(values[offset : offset + b.numel()].view_as(b))
+            offset += b.numel()
