@@ -251,9 +251,11 @@ def round_times(client, op: str, rounds: int, warmup: int = 10, **kwargs) -> lis
     return times
 
 
-def _empty_gradient(weights, indices, n_chunks, seed, *_) -> dict:
-    return {"grad": None, "buffers": None, "n": 0, "loss_sum": 0.0, "chunk_sq_norm_sum": 0.0, "n_chunks": 0,
-            "compute_time": 0.0}
+def _empty_gradient(weights, indices, n_chunks, seed, *_):
+    from adadamp.records import GradientReply
+
+    return GradientReply(n=0, loss_sum=0.0, chunk_sq_norm_sum=0.0, n_chunks=0, compute_time=0.0, grad=None,
+                         buffers=None)
 
 
 def _start_channel(dask_worker) -> tuple[int, bytes]:

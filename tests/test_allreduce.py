@@ -196,7 +196,7 @@ class AddWorkerAt(Constant):
 def _replica_weights(dask_worker, fit_id=None):
     from adadamp.worker import plugin as _worker
 
-    return {f: s.flat.detach().numpy().copy() for f, s in _worker._FITS.items() if s.replica is not None}
+    return {f: s.flat.detach().numpy().copy() for f, s in _worker.TRAINER.fits.items() if s.replica is not None}
 
 
 def test_a_joining_worker_gets_the_state_and_the_result_is_the_same(data):

@@ -18,6 +18,7 @@ from torch import nn
 
 from adadamp import DaskClassifier
 from adadamp.callbacks import Callback
+from adadamp.records import GradientReply
 from adadamp.wire.channel import (
     MAX_ERROR_BYTES,
     REQUEST,
@@ -55,8 +56,8 @@ def test_round_trip_with_and_without_weights():
     def compute(weights, indices, n_chunks, seed, *_):
         seen.append((None if weights is None else weights.copy(), indices.copy(), n_chunks, seed))
         grad = None if weights is None else weights * 2
-        return {"grad": grad, "buffers": np.arange(3, dtype=np.float32), "n": len(indices), "loss_sum": 1.5,
-                "chunk_sq_norm_sum": 0.25, "n_chunks": n_chunks, "compute_time": 0.01}
+        return GradientReply(n=len(indices), loss_sum=1.5, chunk_sq_norm_sum=0.25, n_chunks=n_chunks, weight=len(indices),
+                         compute_time=0.01, grad=grad, buffers=np.arange(3, dtype=np.float32))
 
     server = _server(compute)
     channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=10, n_buffers=3)
@@ -86,8 +87,8 @@ def test_worker_errors_are_raised_on_the_client_and_the_channel_goes_on():
         calls.append(seed)
         if seed == 1:
             raise KeyError("examples [3] are not resident on this worker")
-        return {"grad": None, "buffers": None, "n": 1, "loss_sum": 0.0, "chunk_sq_norm_sum": 0.0, "n_chunks": 0,
-                "compute_time": 0.0}
+        return GradientReply(n=1, loss_sum=0.0, chunk_sq_norm_sum=0.0, n_chunks=0, weight=1,
+                         compute_time=0.0, grad=None, buffers=None)
 
     server = _server(compute)
     channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=10)
@@ -204,7 +205,7 @@ def test_a_killed_clients_fit_is_dropped_by_the_workers_and_its_files_swept(clie
                             check=False, capture_output=True, text=True, timeout=120)
     assert killed.returncode == -signal.SIGKILL and "training" in killed.stdout, killed.stderr[-2000:]
     deadline = time.monotonic() + 10
-    while any(client.run(lambda: len(_worker._FITS)).values()):
+    while any(client.run(lambda: len(_worker.TRAINER.fits)).values()):
         assert time.monotonic() < deadline, "the workers kept the killed client's fit"
         time.sleep(0.1)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("adadamp-")]  # left behind ...
@@ -332,7 +333,7 @@ def test_gradient_threads_do_not_preempt_the_client(client, data):
     n_workers = len(client.scheduler_info()["workers"])
     # One channel thread per worker at least (a previous fit's may still be winding down).
     assert len(POLICIES["channel"]) >= n_workers and set(POLICIES["channel"]) == {os.SCHED_BATCH}
-    assert set(client.run(lambda: _worker._EXECUTOR.submit(os.sched_getscheduler, 0).result()).values()) == {
+    assert set(client.run(lambda: _worker.TRAINER.executor.submit(os.sched_getscheduler, 0).result()).values()) == {
         os.SCHED_BATCH
     }
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the client's own thread is left alone

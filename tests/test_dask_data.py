@@ -170,7 +170,7 @@ def _fit_segments_shared_with_dask(dask_worker) -> list[bool]:
     held = [v for v in dask_worker.data.values() if isinstance(v, np.ndarray)]
     return [
         any(np.shares_memory(X, a) for a in held) and X_dev.data_ptr() == X.ctypes.data
-        for state in _worker._FITS.values()
+        for state in _worker.TRAINER.fits.values()
         for X, _, X_dev, _ in state.data._segments.values()
     ]
 

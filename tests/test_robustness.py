@@ -136,7 +136,7 @@ def test_warm_start_takes_the_new_optimizer_parameters(client, data):
 def _leftovers(client, root) -> dict:
     threads = client.run(lambda: sorted(t.name for t in threading.enumerate() if t.name == "adadamp-channel"))
     return {
-        "fits": {w: n for w, n in client.run(lambda: len(_worker._FITS)).items() if n},
+        "fits": {w: n for w, n in client.run(lambda: len(_worker.TRAINER.fits)).items() if n},
         "channel_threads": {w: t for w, t in threads.items() if t},
         "shm": sorted(p.name for p in root.iterdir()),
     }
@@ -205,7 +205,7 @@ def test_a_hung_worker_costs_one_update_timeout_then_is_left_out(data):
         assert workers[:3] == [2, 2, 2] and set(workers[4:]) == {1}, workers
         assert took < 2 + 15, took  # one update_timeout, not one per membership look (it was 60 s each)
         deadline = time.monotonic() + 10  # awake again, the worker sees its channel closed and drops the fit
-        while any(client.run(lambda: len(_worker._FITS)).values()):
+        while any(client.run(lambda: len(_worker.TRAINER.fits)).values()):
             assert time.monotonic() < deadline
             time.sleep(0.1)
 

@@ -284,8 +284,8 @@ def test_a_checkpoint_of_another_fit_is_not_taken_for_this_one(data, tmp_path, c
 
 # -------------------------------------------------------------------------------- channels
 def _answer(weights, indices, *_):
-    return {"grad": None, "buffers": None, "n": len(indices), "loss_sum": 0.0, "chunk_sq_norm_sum": 0.0,
-            "n_chunks": 1, "compute_time": 0.0}
+    return GradientReply(n=len(indices), loss_sum=0.0, chunk_sq_norm_sum=0.0, n_chunks=1, compute_time=0.0,
+                         grad=None, buffers=None, weight=len(indices))
 
 
 def test_silent_connections_do_not_hold_up_the_client():
@@ -417,7 +417,7 @@ def test_data_larger_than_the_workers_memory_fails_before_it_is_placed(tmp_path)
     ):
         with pytest.raises(ValueError, match=r"needs 8\.\d+ MiB per worker on 1 worker.*memory_limit of 4\.00 MiB"):
             DaskRegressor(max_epochs=1, client=small).fit(X, y)
-        assert small.run(lambda: len(_worker._FITS)) == {w: 0 for w in small.scheduler_info()["workers"]}
+        assert small.run(lambda: len(_worker.TRAINER.fits)) == {w: 0 for w in small.scheduler_info()["workers"]}
 
 
 # -------------------------------------------------------------------------------- damper state

@@ -210,7 +210,7 @@ def tls():
 def _fits_on_workers() -> int:
     from adadamp.worker import plugin as _worker
 
-    return len(_worker._FITS)
+    return len(_worker.TRAINER.fits)
 
 
 def test_tls_cluster_refuses_plaintext_collectives(data, tls):

@@ -279,7 +279,7 @@ def _progress() -> tuple[int, int]:
     """On a worker: (data blocks resident, training forward passes) over adadamp's fits."""
     from adadamp.worker import plugin as _worker
 
-    fits = list(_worker._FITS.values())
+    fits = list(_worker.TRAINER.fits.values())
     return sum(len(f.block_index) for f in fits), sum(getattr(f.module, "n_forward", 0) for f in fits)
 
 

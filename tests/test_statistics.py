@@ -19,15 +19,14 @@ def _fit_state(module, criterion, n=16, seed=0):
     X = rng.normal(size=(n, 6)).astype(np.float32)
     y = rng.normal(size=(n, 1)).astype(np.float32)
     flat, grads = parameters.flatten_parameters(module)
-    state = FitState(module, criterion, torch.device("cpu"), flat, grads, n,
-                              buffers=parameters.float_buffers(module))
+    state = FitState(module, criterion, torch.device("cpu"), flat, grads, n, buffers=parameters.float_buffers(module))
     state.update_blocks([(0, np.arange(n), X, y)], [])
     return state
 
 
 def _gradient(state, indices, n_chunks):
     r = gradient.share_gradient(state, state.flat.numpy().copy(), np.asarray(indices), n_chunks, seed=3)
-    return r, None if r["grad"] is None else r["grad"].copy()
+    return r, None if r.grad is None else r.grad.copy()
 
 
 def _mlp(batch_norm=False):
@@ -41,14 +40,14 @@ def test_statistics_do_not_change_the_gradient():
     plain, g_plain = _gradient(state, range(10), n_chunks=1)
     stats, g_stats = _gradient(state, range(10), n_chunks=2)
     np.testing.assert_array_equal(g_stats, g_plain)  # bitwise: one forward, one backward of the same loss
-    assert plain["loss_sum"] == stats["loss_sum"] and stats["n_chunks"] == 2
+    assert plain.loss_sum == stats.loss_sum and stats.n_chunks == 2
     # the statistic itself: ||G_1||^2 / 5 + ||G_2||^2 / 5 from separate per-half gradients
     halves = []
     for part in (range(5), range(5, 10)):
         _, g = _gradient(state, part, n_chunks=1)
         halves.append(g.astype(np.float64))
     expected = sum(float(g @ g) / 5 for g in halves)
-    assert stats["chunk_sq_norm_sum"] == pytest.approx(expected, rel=1e-5)
+    assert stats.chunk_sq_norm_sum == pytest.approx(expected, rel=1e-5)
 
 
 def test_batch_norm_sees_the_share_once():
@@ -69,7 +68,7 @@ def test_a_one_example_share_is_a_chunk():
     state = _fit_state(_mlp(), nn.MSELoss())
     r, g = _gradient(state, [4], n_chunks=2)
     g64 = g.astype(np.float64)
-    assert r["n_chunks"] == 1 and r["chunk_sq_norm_sum"] == pytest.approx(float(g64 @ g64), rel=1e-6)
+    assert r.n_chunks == 1 and r.chunk_sq_norm_sum == pytest.approx(float(g64 @ g64), rel=1e-6)
 
 
 def test_adascale_estimates_with_one_example_per_worker(client):

@@ -17,11 +17,11 @@ from adadamp.worker import plugin as _worker
 
 
 def _fits_on_workers(client) -> set[str]:
-    return {f for fits in client.run(lambda: list(_worker._FITS)).values() for f in fits}
+    return {f for fits in client.run(lambda: list(_worker.TRAINER.fits)).values() for f in fits}
 
 
 def _mapped_on_workers(client) -> list[bool]:
-    return [v for vs in client.run(lambda: [s.data.shared for s in _worker._FITS.values()]).values() for v in vs]
+    return [v for vs in client.run(lambda: [s.data.shared for s in _worker.TRAINER.fits.values()]).values() for v in vs]
 
 
 def _data(n=400, seed=0):

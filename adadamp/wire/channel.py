@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import math
 import secrets
 import selectors
 import socket
@@ -332,20 +331,20 @@ class ChannelServer:
             message = f"{type(err).__name__}: {err}".encode(errors="replace")[:MAX_ERROR_BYTES]
             conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0, 0.0, 0) + message)
             return True
-        grad, buffers = r["grad"], r["buffers"]
+        grad, buffers = r.grad, r.buffers
         header = REPLY.pack(
             0,
-            r["n"],
-            r["n_chunks"],
+            r.n,
+            r.n_chunks,
             0 if grad is None else grad.size,
             0 if buffers is None else buffers.size,
             0,
-            r["loss_sum"],
-            r["chunk_sq_norm_sum"],
-            r["compute_time"],
-            r.get("weight", r["n"]),
-            r.get("grad_sq_norm", math.nan),
-            r.get("digest", 0),
+            r.loss_sum,
+            r.chunk_sq_norm_sum,
+            r.compute_time,
+            r.weight,
+            r.grad_sq_norm,
+            r.digest,
         )
         send_all(conn, [header] + [_as_bytes(a) for a in (grad, buffers) if a is not None])
         return True

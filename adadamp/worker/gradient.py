@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..exceptions import ShareTooSmallError
-from ..records import examples_digest
+from ..records import GradientReply, examples_digest
 from ..sample_weight import SampleWeightedLoss
 from ..wire.seeding import generator_state, seeded
 from .state import FitState
@@ -33,7 +33,7 @@ def share_gradient(
     ahead: np.ndarray = _NOTHING,
     in_reply: bool = False,
     buffers: np.ndarray | None = None,
-) -> dict:
+) -> GradientReply:
     """The gradient sum over ``indices`` at ``weights`` (None: already in place).
 
     ``buffers`` (the client's running statistics, BatchNorm's) are where the share's forward pass
@@ -67,17 +67,17 @@ def share_gradient(
             grad = None  # the client reads it from shared memory
         else:
             grad = state.grads.detach().to("cpu").numpy()
-        return {
-            "buffers": torch.cat([b.reshape(-1) for b in state.buffers]).cpu().numpy() if state.buffers else None,
-            "grad": grad,
-            "n": n,
-            "weight": weight,
-            "loss_sum": loss_sum,
-            "chunk_sq_norm_sum": sq_sum,
-            "n_chunks": n_stat_chunks,
-            "compute_time": time.perf_counter() - start,
-            "digest": examples_digest(indices),
-        }
+        return GradientReply(
+            n=n,
+            loss_sum=loss_sum,
+            chunk_sq_norm_sum=sq_sum,
+            n_chunks=n_stat_chunks,
+            compute_time=time.perf_counter() - start,
+            grad=grad,
+            buffers=torch.cat([b.reshape(-1) for b in state.buffers]).cpu().numpy() if state.buffers else None,
+            weight=weight,
+            digest=examples_digest(indices),
+        )
 
 
 def _load_buffers(targets: list[torch.Tensor], values: np.ndarray) -> None:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ import torch
 from distributed import WorkerPlugin
 from distributed.protocol import to_serialize
 
+from ..records import GradientReply
 from ..wire.channel import IDLE_TIMEOUT, ChannelServer, tcp_host
 from ..wire.parameters import bind_parameters, flatten_parameters, float_buffers
 from ..wire.shm import attach, attach_data
@@ -42,12 +44,6 @@ from .state import FitState
 __all__ = ["TrainerPlugin"]
 
 HANDLERS = ("adadamp_setup", "adadamp_data", "adadamp_gradient", "adadamp_release", "adadamp_group", "adadamp_commit")
-
-# One compute thread per worker process: gradients of concurrent fits queue
-# here instead of competing for the worker's cores.
-_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adadamp-compute")
-_FITS: dict[str, FitState] = {}
-_WORKER = {"host": None, "nthreads": 1, "address": None, "worker": None}  # this process's worker, its channel host
 INLINE_SECONDS = 0.1  # gradients faster than this run on the worker's event loop
 IDLE_SECONDS = IDLE_TIMEOUT  # a fit with no request for this long is dropped (its client is gone)
 
@@ -82,150 +78,218 @@ def _compute_thread_start() -> None:
     client's send took 0.34-0.47 ms on average with tails of 2-4 ms, and
     0.07-0.14 ms under ``SCHED_BATCH``).  CPU shares are unchanged.
     """
-    torch.set_num_threads(_WORKER["nthreads"])
+    torch.set_num_threads(TRAINER.nthreads)
     if hasattr(os, "SCHED_BATCH"):
         with contextlib.suppress(OSError):
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 
 
-class TrainerPlugin(WorkerPlugin):
-    """Installs adadamp's RPC handlers and sets PyTorch up for this worker.
+class Trainer:
+    """This worker process's fits, keyed by fit id (several fits may share a worker), and the
+    handlers the client calls, one method per RPC (``adadamp_setup``, ``adadamp_gradient``, ...).
 
-    Registered by the client once per cluster (``client.register_plugin``);
-    Dask hands it to workers that join later, so new workers are ready too.
+    One per process (:data:`TRAINER`): it outlives the plugin, which every fit registers again
+    (Dask then tears the old plugin down and sets the new one up).  Gradients of all fits are
+    computed on one thread (``executor``), so concurrent fits queue instead of competing for the
+    worker's cores.
+    """
+
+    def __init__(self):
+        self.fits: dict[str, FitState] = {}
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adadamp-compute")
+        self.worker = None  # the Dask worker, once the plugin is set up
+        self.host: str | None = None  # where this worker's channels listen (tcp:// workers)
+        self.nthreads = 1
+
+    def attach(self, worker) -> None:
+        """Set PyTorch up for ``worker`` and install the handlers (the plugin's set-up)."""
+        _set_native_malloc()
+        self.nthreads = max(1, int(getattr(worker.state, "nthreads", 1)))
+        self.worker, self.host = worker, tcp_host(worker.address)
+        torch.set_num_threads(self.nthreads)  # the event loop thread (quick gradients)
+        self.executor.submit(_compute_thread_start).result()
+        for op in HANDLERS:
+            worker.handlers[op] = getattr(self, op)
+
+    def detach(self, worker) -> None:
+        for op in HANDLERS:
+            worker.handlers.pop(op, None)
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def _unpickle(self, payload: bytes, what: str):
+        """``cloudpickle.loads``; a class whose module this worker cannot import is named with the fixes."""
+        try:
+            return cloudpickle.loads(payload)
+        except ModuleNotFoundError as err:
+            address = None if self.worker is None else self.worker.address
+            raise ModuleNotFoundError(
+                f"Worker {address} cannot import {err.name!r}, which {what} of this fit needs. Install it "
+                f"where the workers run, send its file with client.upload_file(...), or have it pickled by value: "
+                f"cloudpickle.register_pickle_by_value({err.name}) before the fit.",
+                name=err.name,
+            ) from err
+
+    # ------------------------------------------------------------------ set-up and release
+    async def adadamp_setup(
+        self, fit_id: str, payload, n_total: int, shared: dict | None = None, channel: bool = False, dataset=None,
+        replica: dict | None = None,
+    ) -> dict:
+        """Build the fit's module; map the client's shared weights and this worker's gradient if possible.
+
+        With ``channel`` (and a ``tcp://`` worker) also open the fit's gradient
+        channel; the reply carries its port and token.  ``dataset``: a lazy torch
+        Dataset and how to load it (pickled), read here example by example.
+        ``replica`` (an all-reduce fit, whose payload also holds the optimizer): the collective
+        timeout, the bucket size and the update count of the payload's state
+        (:class:`~adadamp.worker.replica.Replica`); only the training data is mapped then.
+        """
+        self.close_fit(fit_id)
+        where = f"worker {None if self.worker is None else self.worker.address}"
+
+        def build():
+            module, criterion, device, *optimizer = self._unpickle(payload, "the module, criterion or optimizer")
+            device = torch.device(device)
+            module = module.to(device)
+            module.train()
+            flat, grads = flatten_parameters(module)
+            state = FitState(module, criterion, device, flat, grads, int(n_total), buffers=float_buffers(module))
+            if dataset is not None:
+                state.loader = ExampleLoader(**self._unpickle(dataset, "the Dataset"), where=where)
+            mapped = None if shared is None or replica is not None else attach(shared, flat.numel())
+            if replica is not None:
+                data = attach_data(shared) if shared is not None and device.type == "cpu" else None
+                if data is not None:
+                    state.data.share(data["X"], data["y"])
+                state.replica = Replica(state, optimizer[0], fit_id=fit_id, worker=self.worker, **replica)
+            if mapped is not None:
+                weights, gradient = (torch.from_numpy(a) for a in mapped)
+                if device.type == "cpu":
+                    state.flat, state.grads = bind_parameters(module, weights, gradient, copy_values=False)
+                else:
+                    state.shared_weights, state.shared_gradient = weights, gradient
+                state.shared = True
+                data = attach_data(shared) if device.type == "cpu" else None
+                if data is not None:  # this worker reads the client's training data in place
+                    state.data.share(data["X"], data["y"])
+            self.fits[fit_id] = state
+            return state
+
+        self._drop_idle_fits()
+        state = await self._run(build)
+        # a replica maps only the data: "shared" then says that the client need not send blocks
+        reply = {"status": "OK", "shared": state.shared or (state.replica is not None and state.data.shared),
+                 "shared_data": state.data.shared}
+        if channel and self.host is not None:
+            state.channel = ChannelServer(
+                self.host,
+                lambda *request: compute(state, *request),
+                n_weights=state.flat.numel(),
+                n_buffers=sum(b.numel() for b in state.buffers),
+                on_start=_compute_thread_start,
+                max_indices=state.n_total,
+                on_close=lambda: self.close_fit(fit_id, only=state),  # the client closed the channel, or died
+            )
+            reply["channel"] = {"port": state.channel.port, "token": state.channel.token}
+        return reply
+
+    def close_fit(self, fit_id: str, only: FitState | None = None) -> None:
+        """Drop a fit's state (``only``: if it is still that state, not a newer set-up's)."""
+        state = self.fits.get(fit_id)
+        if state is None or (only is not None and state is not only):
+            return
+        self.fits.pop(fit_id, None)
+        if state.channel is not None:
+            state.channel.close()
+        if state.replica is not None:
+            state.replica.close()
+        if state.loader is not None:
+            state.loader.close()
+        # The channel's and the replica's callbacks refer back to the state: without these cycles the
+        # state, and with it the fit's mapping of the client's data, goes now, not at the next full
+        # garbage collection (until then every finished fit's data stayed in /dev/shm: 183 MB per W1 fit).
+        state.channel = state.replica = None
+
+    def _drop_idle_fits(self) -> None:
+        """Drop fits whose client has sent nothing for ``IDLE_SECONDS`` (a client killed without a channel)."""
+        now = time.monotonic()
+        for fit_id, state in list(self.fits.items()):
+            if now - state.last_used > IDLE_SECONDS:
+                self.close_fit(fit_id, only=state)
+
+    async def adadamp_release(self, fit_id: str) -> dict:
+        self.close_fit(fit_id)
+        return {"status": "OK"}
+
+    # ------------------------------------------------------------------ data
+    async def adadamp_data(self, fit_id: str, add, drop) -> dict:
+        """Add blocks ``[(block_id, global_idx, X, y), ...]`` and drop block ids."""
+
+        def update():
+            state = self.fits[fit_id]
+            state.update_blocks(add, drop)
+            return sorted(state.block_index)
+
+        blocks = await self._run(update)
+        return {"status": "OK", "blocks": blocks}
+
+    # ------------------------------------------------------------------ updates
+    async def adadamp_gradient(
+        self, fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None, step=None,
+        in_reply=False, buffers=None, parts=None,
+    ) -> dict:
+        """The gradient as a Dask RPC (workers without a channel)."""
+        state = self.fits[fit_id]
+
+        def run():
+            r = compute(state, weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, parts)
+            state.inline = r.compute_time < INLINE_SECONDS and state.replica is None  # collectives block
+            reply = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+            for key in ("grad", "buffers"):
+                if reply[key] is not None:
+                    reply[key] = to_serialize(np.array(reply[key]))  # a copy: the reply is sent after we return
+            return reply
+
+        # A short computation runs right on the event loop: handing it to the
+        # compute thread and back costs two thread wake-ups (~2 ms on a busy
+        # machine).  Long ones go to the thread, so heartbeats keep flowing.
+        if state.inline:
+            return run()
+        return await self._run(run)
+
+    async def adadamp_group(self, fit_id: str, generation: int, rank: int, size: int, step=None,
+                            restore=None) -> dict:
+        """Form an all-reduce fit's next group (all members are called at once)."""
+        replica = self.fits[fit_id].replica
+        return await self._run(replica.join, generation, rank, size, None if step is None else np.asarray(step),
+                               restore)
+
+    async def adadamp_commit(self, fit_id: str, step=None, state: bool = False, groups=None) -> dict:
+        """Take an all-reduce fit's pending step (and the client's param groups); return the
+        replica's state if asked."""
+        replica = self.fits[fit_id].replica
+        return await self._run(replica.commit, None if step is None else np.asarray(step), state, groups)
+
+
+#: This process's fits and handlers.
+TRAINER = Trainer()
+
+
+class TrainerPlugin(WorkerPlugin):
+    """Installs adadamp's RPC handlers (:class:`Trainer`'s methods) and sets PyTorch up for this worker.
+
+    Registered by the client once per fit (``client.register_plugin``); Dask hands it to workers
+    that join later, so new workers are ready too.
     """
 
     name = "adadamp-trainer"
 
     def setup(self, worker) -> None:
-        _set_native_malloc()
-        nthreads = max(1, int(getattr(worker.state, "nthreads", 1)))
-        _WORKER.update(host=tcp_host(worker.address), nthreads=nthreads, address=worker.address, worker=worker)
-        torch.set_num_threads(nthreads)  # the event loop thread (quick gradients)
-        _EXECUTOR.submit(_compute_thread_start).result()
-        for op in HANDLERS:
-            worker.handlers[op] = globals()["_" + op]
+        TRAINER.attach(worker)
 
     def teardown(self, worker) -> None:
-        for op in HANDLERS:
-            worker.handlers.pop(op, None)
-
-
-async def _run(fn, *args):
-    return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, fn, *args)
-
-
-def _unpickle(payload: bytes, what: str):
-    """``cloudpickle.loads``; a class whose module this worker cannot import is named with the fixes."""
-    try:
-        return cloudpickle.loads(payload)
-    except ModuleNotFoundError as err:
-        raise ModuleNotFoundError(
-            f"Worker {_WORKER.get('address')} cannot import {err.name!r}, which {what} of this fit needs. Install it "
-            f"where the workers run, send its file with client.upload_file(...), or have it pickled by value: "
-            f"cloudpickle.register_pickle_by_value({err.name}) before the fit.",
-            name=err.name,
-        ) from err
-
-
-async def _adadamp_setup(
-    fit_id: str, payload, n_total: int, shared: dict | None = None, channel: bool = False, dataset=None,
-    replica: dict | None = None,
-) -> dict:
-    """Build the fit's module; map the client's shared weights and this worker's gradient if possible.
-
-    With ``channel`` (and a ``tcp://`` worker) also open the fit's gradient
-    channel; the reply carries its port and token.  ``dataset``: a lazy torch
-    Dataset and how to load it (pickled), read here example by example.
-    ``replica`` (an all-reduce fit, whose payload also holds the optimizer): the collective
-    timeout, the bucket size and the update count of the payload's state
-    (:class:`~adadamp.worker.replica.Replica`); only the training data is mapped then.
-    """
-    _close_fit(fit_id)
-
-    def build():
-        module, criterion, device, *optimizer = _unpickle(payload, "the module, criterion or optimizer")
-        device = torch.device(device)
-        module = module.to(device)
-        module.train()
-        flat, grads = flatten_parameters(module)
-        state = FitState(module, criterion, device, flat, grads, int(n_total), buffers=float_buffers(module))
-        if dataset is not None:
-            state.loader = ExampleLoader(**_unpickle(dataset, "the Dataset"), where=f"worker {_WORKER['address']}")
-        mapped = None if shared is None or replica is not None else attach(shared, flat.numel())
-        if replica is not None:
-            data = attach_data(shared) if shared is not None and device.type == "cpu" else None
-            if data is not None:
-                state.data.share(data["X"], data["y"])
-            state.replica = Replica(state, optimizer[0], fit_id=fit_id, worker=_WORKER["worker"], **replica)
-        if mapped is not None:
-            weights, gradient = (torch.from_numpy(a) for a in mapped)
-            if device.type == "cpu":
-                state.flat, state.grads = bind_parameters(module, weights, gradient, copy_values=False)
-            else:
-                state.shared_weights, state.shared_gradient = weights, gradient
-            state.shared = True
-            data = attach_data(shared) if device.type == "cpu" else None
-            if data is not None:  # this worker reads the client's training data in place
-                state.data.share(data["X"], data["y"])
-        _FITS[fit_id] = state
-        return state
-
-    _drop_idle_fits()
-    state = await _run(build)
-    # a replica maps only the data: "shared" then says that the client need not send blocks
-    reply = {"status": "OK", "shared": state.shared or (state.replica is not None and state.data.shared),
-             "shared_data": state.data.shared}
-    if channel and _WORKER["host"] is not None:
-        state.channel = ChannelServer(
-            _WORKER["host"],
-            lambda *request: _compute(state, *request),
-            n_weights=state.flat.numel(),
-            n_buffers=sum(b.numel() for b in state.buffers),
-            on_start=_compute_thread_start,
-            max_indices=state.n_total,
-            on_close=lambda: _close_fit(fit_id, only=state),  # the client closed the channel, or died
-        )
-        reply["channel"] = {"port": state.channel.port, "token": state.channel.token}
-    return reply
-
-
-def _close_fit(fit_id: str, only: FitState | None = None) -> None:
-    """Drop a fit's state (``only``: if it is still that state, not a newer set-up's)."""
-    state = _FITS.get(fit_id)
-    if state is None or (only is not None and state is not only):
-        return
-    _FITS.pop(fit_id, None)
-    if state.channel is not None:
-        state.channel.close()
-    if state.replica is not None:
-        state.replica.close()
-    if state.loader is not None:
-        state.loader.close()
-    # The channel's and the replica's callbacks refer back to the state: without these cycles the
-    # state, and with it the fit's mapping of the client's data, goes now, not at the next full
-    # garbage collection (until then every finished fit's data stayed in /dev/shm: 183 MB per W1 fit).
-    state.channel = state.replica = None
-
-
-def _drop_idle_fits() -> None:
-    """Drop fits whose client has sent nothing for ``IDLE_SECONDS`` (a client killed without a channel)."""
-    now = time.monotonic()
-    for fit_id, state in list(_FITS.items()):
-        if now - state.last_used > IDLE_SECONDS:
-            _close_fit(fit_id, only=state)
-
-
-async def _adadamp_data(fit_id: str, add, drop) -> dict:
-    """Add blocks ``[(block_id, global_idx, X, y), ...]`` and drop block ids."""
-
-    def update():
-        state = _FITS[fit_id]
-        state.update_blocks(add, drop)
-        return sorted(state.block_index)
-
-    blocks = await _run(update)
-    return {"status": "OK", "blocks": blocks}
+        TRAINER.detach(worker)
 
 
 def load_block(fit_id: str, block: int, start: int, X, y) -> int:
@@ -235,7 +299,7 @@ def load_block(fit_id: str, block: int, start: int, X, y) -> int:
     lineage) and keeps it in this worker's memory; the fit keeps a view of it, not a copy.
     Returns the examples placed.
     """
-    state = _FITS.get(fit_id)
+    state = TRAINER.fits.get(fit_id)
     if state is None:
         raise KeyError(f"fit {fit_id} is not set up on this worker (set-up lost or released)")
     X = np.ascontiguousarray(np.asarray(X, dtype=np.float32))
@@ -244,15 +308,10 @@ def load_block(fit_id: str, block: int, start: int, X, y) -> int:
     return len(X)
 
 
-async def _adadamp_release(fit_id: str) -> dict:
-    _close_fit(fit_id)
-    return {"status": "OK"}
-
-
-def _compute(
+def compute(
     state: FitState, weights, indices, n_chunks, seed, epoch=0, ahead=None, step=None, in_reply=False, buffers=None,
     parts=None,
-) -> dict:
+) -> GradientReply:
     """One request: an all-reduce replica's update, else the share's gradient sum (``in_reply``:
     sent back in the reply even where it would go to shared memory; ``buffers``: the running
     statistics the share starts from; ``parts``: the replica's shards, seed and count each)."""
@@ -262,39 +321,3 @@ def _compute(
         return state.replica.update(np.asarray(indices), n_chunks, parts, epoch, ahead, np.asarray(step))
     buffers = None if buffers is None else np.asarray(buffers)
     return share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead, in_reply, buffers)
-
-
-async def _adadamp_group(fit_id: str, generation: int, rank: int, size: int, step=None, restore=None) -> dict:
-    """Form an all-reduce fit's next group (all members are called at once)."""
-    replica = _FITS[fit_id].replica
-    return await _run(replica.join, generation, rank, size, None if step is None else np.asarray(step), restore)
-
-
-async def _adadamp_commit(fit_id: str, step=None, state: bool = False, groups=None) -> dict:
-    """Take an all-reduce fit's pending step (and the client's param groups); return the
-    replica's state if asked."""
-    replica = _FITS[fit_id].replica
-    return await _run(replica.commit, None if step is None else np.asarray(step), state, groups)
-
-
-async def _adadamp_gradient(
-    fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None, step=None, in_reply=False,
-    buffers=None, parts=None,
-) -> dict:
-    """The gradient as a Dask RPC (workers without a channel)."""
-    state = _FITS[fit_id]
-
-    def compute():
-        r = _compute(state, weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, parts)
-        state.inline = r["compute_time"] < INLINE_SECONDS and state.replica is None  # collectives block
-        for key in ("grad", "buffers"):
-            if r[key] is not None:
-                r[key] = to_serialize(np.array(r[key]))  # a copy: the reply is sent after we return
-        return r
-
-    # A short computation runs right on the event loop: handing it to the
-    # compute thread and back costs two thread wake-ups (~2 ms on a busy
-    # machine).  Long ones go to the thread, so heartbeats keep flowing.
-    if state.inline:
-        return compute()
-    return await _run(compute)

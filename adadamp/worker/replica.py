@@ -41,7 +41,7 @@ from distributed.comm import get_address_host
 from distributed.utils import sync
 
 from ..exceptions import CollectiveError
-from ..records import examples_digest
+from ..records import GradientReply, examples_digest
 from ..wire.optimizer_plan import apply_settings
 from ..wire.parameters import trainable
 from .gradient import examples, gradient_sum
@@ -390,7 +390,7 @@ class Replica:
 
     # ------------------------------------------------------------------ one update
     def update(self, indices: np.ndarray, n_chunks: int, parts: np.ndarray, epoch: int, ahead: np.ndarray,
-               step: np.ndarray) -> dict:
+               step: np.ndarray) -> GradientReply:
         """Take the pending step, compute the gradient sum of this member's shards and all-reduce the batch's.
 
         ``parts``: one row per shard, its dropout seed and example count (``indices`` holds their
@@ -432,18 +432,18 @@ class Replica:
                 state.grads.mul_(1.0 / weight_total if weight_total else 0.0)
             sq_norm = float(torch.linalg.vector_norm(state.grads, dtype=torch.float64) ** 2)
             self.pending = update
-            return {
-                "grad": None,
-                "buffers": None,
-                "n": int(n_total),
-                "weight": weight_total,
-                "loss_sum": loss_total,
-                "chunk_sq_norm_sum": sq_total,
-                "n_chunks": int(chunks_total),
-                "compute_time": computed - start,  # loading, the step and the gradient
-                "grad_sq_norm": sq_norm if math.isfinite(sq_norm) else math.inf,
-                "digest": examples_digest(indices),  # this member's examples (the client adds them up)
-            }
+            return GradientReply(
+                n=int(n_total),
+                loss_sum=loss_total,
+                chunk_sq_norm_sum=sq_total,
+                n_chunks=int(chunks_total),
+                compute_time=computed - start,  # loading, the step and the gradient
+                grad=None,
+                buffers=None,
+                weight=weight_total,
+                grad_sq_norm=sq_norm if math.isfinite(sq_norm) else math.inf,
+                digest=examples_digest(indices),  # this member's examples (the client adds them up)
+            )
 
     def _shard_sums(
         self, X, y, n_chunks: int, parts: np.ndarray, overlap: bool, start: torch.Tensor | None

@@ -428,15 +428,18 @@ def main() -> int:
                 while todo:
                     s = todo.pop(0)
                     key = (n, s.backend, s.workload)
-                    if key not in calm:  # twice: bitwise the same, and the second's time (warm workers)
+                    if key not in calm:  # twice: alike within the backend's tolerance, and the second's time
                         first = weights(fit(client, X, y, args.epochs, s.workload, s.backend))
                         t0 = time.perf_counter()
                         w = weights(fit(client, X, y, args.epochs, s.workload, s.backend))
                         calm[key] = w, time.perf_counter() - t0
                         label = f"undisturbed {s.backend:9s} {s.workload:12s} workers {n}"
-                        same = np.array_equal(first, w)
-                        print(f"{label}: {calm[key][1]:.1f} s" + ("" if same else "  NOT REPRODUCIBLE  FAIL"
-                              f" (max|dw| {np.abs(first - w).max():.2e} between two undisturbed fits)"), flush=True)
+                        # the all-reduce group adds in rank order, and where Dask put a dask array's
+                        # partitions decides which worker holds which shard: alike up to summation order
+                        diff = float(np.abs(first - w).max())
+                        same = diff <= TOLERANCES[s.backend]
+                        print(f"{label}: {calm[key][1]:.1f} s" + (f" (max|dw| {diff:.2e} between two)" if diff else "")
+                              + ("" if same else "  NOT REPRODUCIBLE  FAIL"), flush=True)
                         if not same:
                             failed.append(label)
                     label = f"trial {s.k + 1:3d} {s.backend:9s} {s.workload:12s} workers {n} {s.moment:17s}"
