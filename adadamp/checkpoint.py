@@ -4,9 +4,9 @@ The client is the only stateful process (workers hold caches), so a
 checkpoint is everything ``fit`` needs to go on as if it had never stopped:
 weights, optimizer state, the damper's fitted state, the epoch clock and
 sampler position (the data order is a function of the seed and the data
-epoch), and the history (dask-engine.md §4.4).
+epoch), and the history (docs/guide/checkpoints.rst).
 
-A checkpoint file is not trusted (DESIGN.md §4): it holds tensors and plain
+A checkpoint file is not trusted (docs/guide/security.rst): it holds tensors and plain
 Python data only and is read with ``torch.load(weights_only=True)``, so a
 planted file cannot run code; a file owned by another user or writable by
 group or others is refused before it is read.  Writes go to a fresh

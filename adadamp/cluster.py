@@ -1,11 +1,11 @@
 """Cluster policy: how many workers a batch wants, and how the cluster is asked for them.
 
-The batch size decides the cluster size (DESIGN.md §2, Holt & Sievert 2021
+The batch size decides the cluster size (Holt & Sievert 2021,
 "Architecture"): ``workers = clip(ceil(B / grads_per_worker), min, max)``.
 Growing calls ``cluster.scale`` and returns at once (an HPC queue may take
 minutes; training goes on with the workers it has).  Shrinking retires the
 chosen workers first, because ``scale()`` alone closes workers without
-retiring them (dask/distributed#5577, dask-engine.md §3.2).
+retiring them (dask/distributed#5577).
 
 With no client, fits share the process's embedded LocalCluster (:mod:`adadamp.embedded`); it is
 shared, so a fit uses only the workers it wants there and never shrinks it (``ClusterPolicy.shared``).
@@ -131,7 +131,7 @@ def heal(client: Client, n: int, gone: set[str]) -> None:
     """Ask again for ``n`` workers after some were lost (preempted jobs, lifetimes).
 
     SpecCluster keeps the spec of a job that died and resubmits it only after
-    ``lost-worker-timeout`` (dask-engine.md §3.5); dropping the specs of the
+    ``lost-worker-timeout`` (dask-jobqueue's default, minutes); dropping the specs of the
     workers that are ``gone`` (by name) first makes ``scale(n)`` submit
     replacements now.  Kept: the specs of workers still starting or queued, of running nannies
     (restarting their worker already), and of workers the scheduler still lists (on a shared
@@ -173,7 +173,7 @@ def retire(client: Client, addresses: list[str], target: int, timeout: float = 1
 
     The caller has already moved adadamp's data off these workers.  Retiring
     by name first makes the retired specs "not launched", so the following
-    ``cluster.scale`` drops them rather than a live worker (dask-engine.md §3.2).
+    ``cluster.scale`` drops them rather than a live worker.
     """
     info = client.scheduler_info(n_workers=-1)["workers"]
     names = [info[a]["name"] for a in addresses if a in info]

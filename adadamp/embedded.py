@@ -46,7 +46,7 @@ class _Embedded:
     """The process's LocalCluster of single-threaded worker processes and the fits using it.
 
     Dask's nannies set ``MALLOC_TRIM_THRESHOLD_=65536``, which makes PyTorch
-    1.5-2x slower in workers (dask-engine.md §1); the embedded cluster does
+    1.5-2x slower in workers; the embedded cluster does
     not set it (the worker plugin also repairs it on other clusters).
     """
 

@@ -4,7 +4,7 @@ The estimators validate everything up front (before any cluster work), build
 the module, criterion, optimizer and damper, and hand them to the fit loop
 (:mod:`adadamp.engine.loop`).  Routed parameters follow skorch:
 ``module__hidden=8``, ``optimizer__lr=0.05``, ``criterion__weight=...``,
-``batch_size__delay=5`` (api-conventions.md §3, :mod:`adadamp.routing`).
+``batch_size__delay=5`` (as in skorch; :mod:`adadamp.routing`).
 
 Why one module of ~1,450 lines: it is one scikit-learn contract, the
 constructor parameters and their documentation, validation, the fit /

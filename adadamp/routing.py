@@ -1,5 +1,5 @@
 """skorch-style parameter routing: ``module__hidden=8`` goes to the module, ``optimizer__lr=...`` to
-the optimizer (api-conventions.md §3), with errors that name the routed key and the likely fix."""
+the optimizer (as skorch routes them), with errors that name the routed key and the likely fix."""
 
 from __future__ import annotations
 

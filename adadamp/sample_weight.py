@@ -8,8 +8,8 @@ The trained loss is the weighted mean ``sum_i w_i l_i / sum_i w_i`` over the bat
 per-example normalizers are multiplied by ``w_i``, as in torch's weighted mean).
 
 The weights are rescaled to mean 1 over the training data.  The weighted mean is unchanged by
-that, and the gradient sums stay per example: AdaScale's statistics (Johnson et al. 2020,
-algorithms.md §2.3) then estimate the variance of ``w_i g_i``, the per-example gradient of the
+that, and the gradient sums stay per example: AdaScale's statistics (Johnson et al. 2020)
+then estimate the variance of ``w_i g_i``, the per-example gradient of the
 weighted objective ``(1/n) sum_i w_i l_i``.
 """
 
@@ -73,7 +73,7 @@ class SampleWeightedLoss(nn.Module):
     """A criterion whose targets carry their examples' weights in a last column (:func:`pack`).
 
     ``forward`` is the weighted mean loss; the workers call :meth:`sum_and_weight`, whose ratio it is
-    (gradients are sums, divided once by the batch's total weight: DESIGN.md §4).
+    (gradients are sums, divided once by the batch's total weight).
 
     Parameters
     ----------

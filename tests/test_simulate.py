@@ -1,7 +1,7 @@
 """Tests of the training-time simulator (``adadamp.simulate``).
 
 Oracles: hand-computed per-update times; Holt & Sievert (2021) Table 1 update
-counts and max workers (``notes/algorithms.md`` §5.2, oracle O22); the
+counts and max workers (Holt & Sievert 2021, Table 1); the
 paper's Table 2 orderings; calibrate() recovering the parameters that
 generated a synthetic history.
 """
@@ -113,7 +113,7 @@ def test_docstring_examples():
 # --------------------------------------------------------------------------- schedule expander
 
 N_DATA, EPOCHS = 50_000, 200
-# label: (initial, max batch, updates, max workers) -- HS Table 1 / algorithms.md §5.2
+# label: (initial, max batch, updates, max workers) -- Holt & Sievert 2021, Table 1
 TABLE1 = {
     "5.1k (*2)": (256, 5120, 14_960, 40),
     "3.2k": (128, 3200, 29_480, 25),

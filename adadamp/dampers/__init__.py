@@ -51,7 +51,8 @@ to be pickled (checkpoints); lambdas clone but do not pickle.
 :func:`simulate_schedule` and :func:`count_updates` run a damper through the
 engine's epoch loop without any model (schedules, update counts).
 
-The formulas and numeric oracles are in ``notes/algorithms.md`` (the spec).
+The formulas, with the papers they come from, are in the Dampers guide
+(docs/guide/dampers.rst); ``tests/test_dampers.py`` holds their numeric oracles.
 
 Examples
 --------

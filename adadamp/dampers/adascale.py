@@ -33,9 +33,10 @@ class AdaScale(BaseDamper):
     iterations; each update advances the engine's epoch clock by
     ``progress = r_t * b0`` examples, so epochs are scale-invariant epochs
     ``tau * b0 / n_data`` and training stops after as many of them as the
-    scale-1 run (``algorithms.md`` §2.7).
+    scale-1 run (Johnson et al. 2020, Alg. 2).
 
-    Estimation (``algorithms.md`` §2.3, unbiased for unequal chunks): from
+    Estimation (Johnson et al. 2020's estimator of the gain ratio, extended here
+    to chunks of unequal size, still unbiased): from
     ``GradStats`` with ``N`` examples in ``k >= 2`` chunks,
     ``Q = sum_j ||G_j||^2 / n_j`` and ``g = ||g_bar||^2``,
 

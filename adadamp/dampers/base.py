@@ -51,7 +51,7 @@ class TrainState:
 
 @dataclass(frozen=True)
 class GradStats:
-    """Gradient statistics of the current update (``algorithms.md`` §2.3).
+    """Gradient statistics of the current update (Johnson et al. 2020; the Dampers guide).
 
     Attributes
     ----------

@@ -3,7 +3,7 @@ data epoch.  The engine trains on it and :func:`~adadamp.dampers.simulate_schedu
 it without a model, so the two count updates alike.
 
 The trajectory must not depend on how many workers there are, or which: so the indices of an
-update come from a permutation seeded by ``(seed, data_epoch)`` alone (elastic-anchors §4.6),
+update come from a permutation seeded by ``(seed, data_epoch)`` alone (the Reproducibility section of docs/guide/clusters.rst),
 and only afterwards are they routed to whoever holds those examples
 (:mod:`adadamp.engine.placement`).  Pure; no Dask.
 """

@@ -16,8 +16,8 @@ class _DampingSchedule(BaseDamper):
 
     A subclass defines the damping ``D_t`` (a float, "noise level as a batch
     size") in ``_damping(state)``; this class turns it into a batch size and
-    a learning-rate factor (DD master ``BaseDamper.step``; ``algorithms.md``
-    §5.1)::
+    a learning-rate factor (DD master ``BaseDamper.step``; Holt & Sievert
+    2021, "Increasing the batch size")::
 
         B_t = min(ceil(D_t), cap),   lr_factor_t = cap / D_t if D_t > cap else 1
 
@@ -106,7 +106,7 @@ class GeoDamp(_DampingSchedule):
     the noise level, still follows ``D``; DD master ``BaseDamper.step``).
     With the engine's accounting (``ceil(n_data / B)`` updates per epoch,
     batch changes at epoch boundaries) this reproduces Holt & Sievert's
-    Table 1 update counts exactly (``algorithms.md`` §5.2).
+    Table 1 update counts exactly (``tests/test_simulate.py`` checks them).
 
     Parameters
     ----------

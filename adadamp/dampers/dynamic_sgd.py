@@ -24,7 +24,7 @@ class DynamicSGD(BaseDamper):
 
     (``s = t - t0 = 1`` is the first update with the new batch).  Decreases
     take effect at once (LIN footnote 3).  Repeated changes keep the
-    learning rate continuous (``algorithms.md`` §3.3): from the current
+    learning rate continuous (an extension of LIN §3.2): from the current
     multiplier ``m`` to the new target ``M = B / b0``, an increase (also in
     the middle of a ramp) starts a new ramp with ``k = M / m``; ``M <= m``
     jumps to ``M``.
@@ -57,7 +57,7 @@ class DynamicSGD(BaseDamper):
         ``"ramp"``: eq. 6.  ``"velocity"``: App. B.4.
     compensation_iters : None, float or callable, default=None
         Ramp length ``T`` in updates: None is ``8 * k`` ("T = 8k works
-        well", read as 8k iterations, ``algorithms.md`` §3.1), a number is a
+        well", LIN §3.2, read as 8k iterations), a number is a
         fixed ``T``, a callable ``T = compensation_iters(k)``.
     momentum : None, float, callable or "tang", default=None
         Momentum rule (see :func:`tang_momentum`).

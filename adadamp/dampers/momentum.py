@@ -1,4 +1,4 @@
-"""Momentum rules (Tang et al.; notes/algorithms.md §4)."""
+"""Momentum rules (Tang et al., "Increasing momentum-like factors", §4)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ def tang_momentum(n_workers: int, batch_size: int | None = None) -> float:
     """Momentum that rises with the number of workers (the ``"tang"`` preset).
 
     A step function of the worker count ``P`` interpolating the data points
-    of Tang et al. ("Increasing momentum-like factors", §4.3-4.4, Tables 1-4;
-    ``algorithms.md`` §4): 0.9 for ``P <= 4``, 0.95 for ``5 <= P <= 16``,
+    of Tang et al. ("Increasing momentum-like factors", §4.3-4.4, Tables 1-4): 0.9 for ``P <= 4``, 0.95 for ``5 <= P <= 16``,
     0.975 for ``17 <= P <= 31`` and 0.99 for ``P >= 32``.  The paper gives
     data points, not a formula; this preset is a heuristic and opt-in.
 

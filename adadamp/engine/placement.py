@@ -8,7 +8,7 @@ worker, or how many, computed them: a worker that dies hands its shards to the o
 trajectory does not change by a single bit (issue 27; ``elasticity`` in the docs).  Rank ``k`` is
 the ``k``-th worker of the fit; each worker holds ``n_shards // n_workers`` shards (the first ones
 one more).  When the workers change, :func:`plan_moves` moves as few shards as possible
-(dask-engine.md §4.2).  Pure; no Dask.
+(docs/guide/elasticity.rst).  Pure; no Dask.
 """
 
 from __future__ import annotations

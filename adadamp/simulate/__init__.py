@@ -30,13 +30,13 @@ Sources
   800 Gb/s / 0.025 us).  The paper simulates training "by having the
   computer sleep for an appropriate and realistic amount of time" per
   worker; this module does the same arithmetic in closed form.
-- ``notes/algorithms.md`` §5.1-5.2: GeoDamp schedule and the epoch
+- Holt & Sievert 2021, "Increasing the batch size": GeoDamp schedule and the epoch
   accounting that reproduces Table 1 (``ceil(N / B)`` updates per epoch,
   the batch changes only at epoch boundaries).
-- ``notes/dask-engine.md`` §2: cost of gathering gradients to the client
+- The Backends guide (docs/guide/backends.rst): cost of gathering gradients to the client
   (``P * M / B_c`` each way through the client link) vs a bandwidth-optimal
   all-reduce (``2 (P - 1) / P * M`` per worker).
-- ``DESIGN.md`` §2: workers wanted = ``clip(ceil(B / grads_per_worker),
+- Holt & Sievert 2021, "Architecture": workers wanted = ``clip(ceil(B / grads_per_worker),
   min_workers, max_workers)``.
 
 Examples

@@ -1,6 +1,6 @@
 """Network cost models of one update's communication: the parameter server's gather/scatter
 (:class:`Centralized`) and a ring all-reduce (:class:`RingAllReduce`) (Holt & Sievert 2021,
-"Simulations"; ``notes/dask-engine.md`` §2)."""
+"Simulations"; docs/guide/backends.rst)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class Centralized:
 
     Every update the client (the parameter server) sends the weights to each
     of the ``P`` workers and receives one gradient from each, all through its
-    own link (point-to-point, ``notes/dask-engine.md`` §2 "Gather to client"
+    own link (point-to-point: a gather to the client
     plus the direct per-worker broadcast), then steps the optimizer.  The
     communication and overhead of one update is::
 
@@ -138,8 +138,7 @@ class RingAllReduce:
     Every worker holds the model; gradients are summed with the
     bandwidth-optimal ring all-reduce (reduce-scatter then all-gather,
     ``2 (P - 1)`` steps, each moving ``M / P`` bytes per worker), as PyTorch
-    distributed does (paper "Future work / Architecture";
-    ``notes/dask-engine.md`` §2 "Collective all-reduce").  The paper's
+    distributed does (paper "Future work / Architecture").  The paper's
     ``decentralized-*`` networks of Table 2.  Communication per update::
 
         2 (P - 1) / P * M / bandwidth + 2 (P - 1) * latency

@@ -213,14 +213,14 @@ def schedule_updates(
     The real :class:`~adadamp.dampers.GeoDamp` is run through the engine's
     epoch loop (:func:`~adadamp.dampers.simulate_schedule`): at epoch ``e``
     the damping is ``D = initial * factor ** (e // delay)`` and the batch
-    ``B = min(ceil(D), cap)`` (``notes/algorithms.md`` §5.1; once the cap is
+    ``B = min(ceil(D), cap)`` (Holt & Sievert 2021, "Increasing the batch size"; once the cap is
     hit GeoDamp decays the learning rate instead, which does not change the
     timing).  Each epoch runs ``ceil(n_data / B)`` updates, all of ``B``
-    examples except the last, which takes the remainder (§5.1 epoch
-    accounting; it reproduces the paper's Table 1, e.g. max batch 640:
+    examples except the last, which takes the remainder (this epoch
+    accounting reproduces the paper's Table 1, e.g. max batch 640:
     ``391 * 60 + 79 * 140 = 34,520``).  Workers per update: the real
     :class:`~adadamp.cluster.ClusterPolicy`, ``clip(ceil(B / grads_per_worker),
-    min_workers, max_workers)`` (``DESIGN.md`` §2).
+    min_workers, max_workers)`` (Holt & Sievert 2021, "Architecture").
 
     Parameters
     ----------

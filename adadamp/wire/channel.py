@@ -11,7 +11,7 @@ message framing and thread hand-offs (about 0.03 ms instead of 1 ms for an
 empty round on a 2-core machine; ``benchmarks/README.md``).
 
 The worker hands a per-fit secret key to the client over Dask's own comm
-(trusted, DESIGN.md §4); on the socket each side proves it holds the key
+(trusted: docs/guide/security.rst); on the socket each side proves it holds the key
 with an HMAC over the other side's random challenge, so neither a local
 process that connects first nor one that answers in the worker's place can
 take part.  The listener runs the handshakes of all who connect side by side,

@@ -1,7 +1,7 @@
 """A module's parameters and gradients as two flat float buffers (client and workers).
 
 The weights travel, are summed and are stepped as one contiguous buffer: the module's parameters
-are views into it, so copying weights in or gradients out is one ``memcpy`` (DESIGN.md §3).
+are views into it, so copying weights in or gradients out is one ``memcpy``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def flatten_parameters(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Ten
 
     Returns ``(flat_params, flat_grads)``.  Gradients accumulate in place into
     the views as long as ``.grad`` is never set to None, so the flat gradient
-    buffer is the gradient sum without any copy (DESIGN.md §3).
+    buffer is the gradient sum without any copy.
     """
     params = trainable(module)
     flat = torch.cat([p.detach().reshape(-1) for p in params])

@@ -3,9 +3,9 @@
 Workers on the client's machine map the client's weight buffer (the optimizer
 writes it in place) and write their gradient sum into a buffer of their own,
 so an update sends only example indices: no copy of the weights or gradients
-crosses a socket (DESIGN.md §3).
+crosses a socket.
 
-Other local users are not trusted (DESIGN.md §4).  Each fit gets one
+Other local users are not trusted (docs/guide/security.rst).  Each fit gets one
 directory made by ``mkdtemp`` (mode 0700) under the shared-memory directory,
 with the owner's process id in its name; every file in it is created with
 ``O_CREAT | O_EXCL | O_NOFOLLOW`` and mode 0600, and its space is reserved up

@@ -2,7 +2,7 @@
 statistics the damper asked for, from one forward pass (runs on the workers).
 
 Sums, not means: the client adds the workers' sums and divides once by the batch's total, so the
-result does not depend on how the batch was split (DESIGN.md §2).
+result does not depend on how the batch was split.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def share_gradient(
     ``buffers`` (the client's running statistics, BatchNorm's) are where the share's forward pass
     starts its statistics from: every shard then updates the same statistics, so what the client
     averages does not depend on which worker computed which shard, nor on what a worker computed
-    before (a restarted worker, one that took over a lost worker's shard; algorithms.md P17).
+    before (a restarted worker, one that took over a lost worker's shard).
 
     The examples are resident rows, or (a lazy Dataset) read now, in data epoch ``epoch``;
     then the ``ahead`` examples of the next shares (keys ``epoch * n + index``) start loading.  Returns numpy arrays
@@ -96,7 +96,7 @@ def gradient_sum(
 
     Returns ``(n, weight, loss_sum, chunk_sq_norm_sum, n_chunks)``: with ``n_chunks > 1`` the
     share is two chunks and the sum of their squared gradient norms (per example) is what
-    AdaScale's estimator needs (algorithms.md §2.3).  An empty share adds nothing.
+    AdaScale's estimator needs (Johnson et al. 2020; docs/guide/dampers.rst).  An empty share adds nothing.
     """
     n = len(X)
     if not accumulate:
@@ -109,7 +109,7 @@ def gradient_sum(
     first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
     loss.backward()  # the trained gradient: the same with or without statistics
     sq_sum, n_stat_chunks = 0.0, 0
-    if n_chunks > 1:  # AdaScale's statistics (algorithms.md §2.3): every share is a chunk
+    if n_chunks > 1:  # AdaScale's statistics: every share is a chunk
         whole = state.grads.double() if before is None else state.grads.double() - before
         if first is None:  # a one-example share: one chunk
             sq_sum, n_stat_chunks = float(whole.square().sum()) / n, 1
@@ -176,7 +176,7 @@ def _loss_sum(criterion, out, y, n: int) -> tuple[torch.Tensor, float]:
     """The share's loss as a sum, and what the full batch's mean divides that sum by.
 
     Gradients are sums and the client divides once by the batch's total
-    (DESIGN.md §4).  A mean-reduced criterion is turned back into a sum: for
+    (docs/guide/dampers.rst).  A mean-reduced criterion is turned back into a sum: for
     most criteria by the example count, but a class-weighted or
     ``ignore_index`` mean (CrossEntropyLoss, NLLLoss) divides by the targets'
     total weight, so that sum is computed (``reduction="sum"``) and that

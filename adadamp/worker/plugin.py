@@ -3,7 +3,7 @@
 This module runs inside Dask worker processes and never imports the client
 side.  A :class:`TrainerPlugin` installs a few RPC handlers on each worker; the
 client calls them directly (``client.rpc(address)``), which costs one network
-round trip instead of a scheduler-mediated task (DESIGN.md §3).  On ``tcp://``
+round trip instead of a scheduler-mediated task (docs/guide/performance.rst).  On ``tcp://``
 workers the per-update gradient requests then bypass Dask's comm altogether:
 the set-up opens a :class:`~adadamp.wire.channel.ChannelServer` whose thread
 computes the gradients, off the worker's event loop, so heartbeats continue
@@ -52,7 +52,7 @@ def _set_native_malloc() -> None:
     """Undo Dask's ``MALLOC_TRIM_THRESHOLD_=65536`` inside this process.
 
     That setting pins glibc's mmap threshold at 128 KiB, so every tensor is a
-    fresh mmap/munmap and PyTorch runs 1.5-2x slower (dask-engine.md §1).
+    fresh mmap/munmap and PyTorch runs 1.5-2x slower.
     ``mallopt`` restores large thresholds at run time.
     """
     path = ctypes.util.find_library("c")

@@ -11,8 +11,8 @@ Gradients are all-reduced in buckets while the backward pass still runs (as PyTo
 does): a bucket is a contiguous range of the flat gradient, launched as soon as the backward
 pass has filled it, in the same order on every rank.
 
-Membership: a group is one *generation* with its own rendezvous keys (torchft's pattern,
-scale-anchors §1), kept in the scheduler and reached over Dask's comm (:class:`SchedulerStore`).
+Membership: a group is one *generation* with its own rendezvous keys (the pattern of
+torchft's Manager), kept in the scheduler and reached over Dask's comm (:class:`SchedulerStore`).
 Forming one, the members first take the step they may still owe, then rank 0 (a member of the
 last generation, or the client's committed copy) broadcasts weights, running statistics and
 optimizer state, so a joiner starts from them (no more bytes than the model's state can hold: gloo
@@ -466,7 +466,7 @@ class Replica:
             offset += count
             result = gradient_sum(state, X[shard], y[shard], n_chunks, seed, accumulate=i > 0)
             sums = [a + b for a, b in zip(sums, result)]
-            if running is not None:  # (algorithms.md P17)
+            if running is not None:  # BatchNorm: one running average whatever the split
                 running += _flat(state.buffers) * result[0]
         return sums, running
 
