@@ -24,12 +24,11 @@ import functools
 import inspect
 import json
 import logging
-import math
-import numbers
 import os
 import time
 import types
 import warnings
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -43,7 +42,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
 
 from . import callbacks as callbacks_mod
-from . import checkpoint, dashboard, inference, inputs, porting, routing
+from . import checkpoint, constraints, dashboard, inference, inputs, porting, routing
 from . import cluster as cl
 from .dampers import BaseDamper, Constant
 from .engine import AllReduce, LoopState, ParameterServer
@@ -64,6 +63,13 @@ logger = logging.getLogger(__name__)
 
 #: The ways of training, by the ``backend`` parameter's values.
 BACKENDS = {"parameter-server": ParameterServer, "allreduce": AllReduce}
+
+#: What each parameter takes that the constraint alone does not say.
+_PARAMETER_HINTS = {
+    "backend": "Use 'allreduce' for large models on many workers, 'parameter-server' (the default) otherwise.",
+    "checkpoint_every": "It counts model updates.",
+    "dataset_threads": "It counts threads per worker.",
+}
 
 class BaseDaskEstimator(BaseEstimator):
     """Base of :class:`DaskClassifier` and :class:`DaskRegressor` (not instantiated itself).
@@ -211,6 +217,30 @@ class BaseDaskEstimator(BaseEstimator):
     60
     """
 
+    #: What each constructor parameter accepts (:func:`adadamp.constraints.check`); parameters whose
+    #: value is routed or built (``module``, ``criterion``, ``callbacks``, ``client``) are checked
+    #: when they are used.
+    _parameter_constraints: ClassVar[dict] = {
+        "optimizer": (constraints.OptimizerClass(),),
+        "batch_size": (constraints.Integer(1), constraints.Damper()),
+        "max_epochs": (constraints.Integer(1),),
+        "warm_start": (constraints.Boolean(),),
+        "device": (constraints.TorchDevice(),),
+        "backend": (constraints.OneOf(lambda: BACKENDS),),
+        "grads_per_worker": (constraints.Integer(1),),
+        "min_workers": (constraints.Integer(1),),
+        "max_workers": (None, constraints.Integer("min_workers")),
+        "scale_cluster": (None, constraints.Boolean()),
+        "scale_wait": (constraints.Seconds(strict=False),),
+        "worker_timeout": (constraints.Seconds(),),
+        "update_timeout": (constraints.Seconds(),),
+        "checkpoint_every": (None, constraints.Integer(1)),
+        "validation_fraction": (None, constraints.Unit()),
+        "dataset_threads": (constraints.Integer(1),),
+        "dataset_cache": (constraints.Boolean(),),
+        "verbose": (constraints.Integer(0), constraints.Boolean()),
+    }
+
     def __new__(cls, *args, **kwargs):
         if cls is BaseDaskEstimator:
             raise TypeError(
@@ -337,71 +367,10 @@ class BaseDaskEstimator(BaseEstimator):
             if hint is not None:
                 raise ValueError(f"Unknown parameter {key!r} for {type(self).__name__}: {hint}.")
             raise ValueError(f"Unknown parameter {key!r} for {type(self).__name__}.{routing.did_you_mean(key, known)}")
-        if (
-            isinstance(self.max_epochs, bool)
-            or not isinstance(self.max_epochs, numbers.Integral)
-            or self.max_epochs < 1
-        ):
-            raise ValueError(f"max_epochs must be an integer >= 1; got {self.max_epochs!r}.")
-        bs = self.batch_size
-        if isinstance(bs, numbers.Integral) and not isinstance(bs, bool):
-            if bs < 1:
-                raise ValueError(f"batch_size must be >= 1; got {bs}.")
-        elif not (isinstance(bs, BaseDamper) or (isinstance(bs, type) and issubclass(bs, BaseDamper))):
-            raise TypeError(
-                f"batch_size must be an int, a damper class or a damper instance "
-                f"(see adadamp.dampers); got {bs!r}."
-            )
-        for name in ("grads_per_worker", "min_workers"):
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
-        if self.max_workers is not None and (
-            not isinstance(self.max_workers, numbers.Integral) or self.max_workers < self.min_workers
-        ):
-            raise ValueError(
-                f"max_workers must be None or an integer >= min_workers={self.min_workers}; "
-                f"got {self.max_workers!r}."
-            )
-        if self.backend not in BACKENDS:
-            raise ValueError(
-                f"backend must be one of {sorted(BACKENDS)}; got {self.backend!r}. Use 'allreduce' for large "
-                "models on many workers, 'parameter-server' (the default) otherwise."
-            )
-        if not isinstance(self.device, (str, torch.device)):
-            raise TypeError(f"device must be a string such as 'cpu' or 'cuda'; got {self.device!r}.")
-        try:
-            torch.device(self.device)
-        except (RuntimeError, ValueError) as err:
-            raise ValueError(
-                f"device={self.device!r} is not a torch device; pass e.g. 'cpu', 'cuda' or 'cuda:1'."
-            ) from err
-        for name, low, strict in (("update_timeout", 0, True), ("worker_timeout", 0, True), ("scale_wait", 0, False)):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, numbers.Real)
-                or not math.isfinite(value)
-                or (value <= low if strict else value < low)
-            ):
-                bound = "> 0" if strict else ">= 0"
-                raise ValueError(f"{name} must be a finite number of seconds {bound}; got {value!r}.")
-        every = self.checkpoint_every
-        if every is not None and (isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1):
-            raise ValueError(f"checkpoint_every must be None or an integer >= 1 (model updates); got {every!r}.")
-        if every is not None and self.checkpoint is None:
-            raise ValueError(f"checkpoint_every={every} needs a checkpoint file: pass checkpoint='fit.ckpt'.")
-        vf = self.validation_fraction
-        if vf is not None and not (isinstance(vf, numbers.Real) and 0 < vf < 1):
-            raise ValueError(f"validation_fraction must be None or in (0, 1); got {vf!r}.")
-        threads = self.dataset_threads
-        if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
-            raise ValueError(f"dataset_threads must be an integer >= 1 (threads per worker); got {threads!r}.")
-        if not isinstance(self.dataset_cache, bool | np.bool_):
-            raise TypeError(f"dataset_cache must be True or False; got {self.dataset_cache!r}.")
+        constraints.check(self._parameter_constraints, self.get_params(deep=False), _PARAMETER_HINTS)
+        if self.checkpoint_every is not None and self.checkpoint is None:
+            raise ValueError(f"checkpoint_every={self.checkpoint_every} needs a checkpoint file: pass checkpoint='fit.ckpt'.")
         callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
-        if not (isinstance(self.optimizer, type) and issubclass(self.optimizer, torch.optim.Optimizer)):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer class; got {self.optimizer!r}.")
         closure = inspect.signature(self.optimizer.step).parameters.get("closure")
         if closure is not None and closure.default is inspect.Parameter.empty:
             raise ValueError(

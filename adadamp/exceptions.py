@@ -105,3 +105,21 @@ class StopTraining(Exception):
     ...         if row["train_loss"] < 0.1:
     ...             raise StopTraining(f"train_loss {row['train_loss']:.3f} < 0.1")
     """
+
+
+class InvalidParameterError(ValueError, TypeError):
+    """A constructor parameter has a value it does not accept; raised by ``fit`` before any work.
+
+    The message names the parameter, what it accepts and the value it got.  It is both a
+    ``ValueError`` and a ``TypeError`` (a wrong value and a wrong type are one mistake to a user),
+    like scikit-learn's error of the same name.
+
+    Examples
+    --------
+    >>> from adadamp import DaskRegressor, InvalidParameterError
+    >>> try:
+    ...     DaskRegressor(max_epochs=0).fit([[0.0], [1.0]], [0.0, 1.0])
+    ... except InvalidParameterError as err:
+    ...     print(err)
+    max_epochs must be an integer >= 1; got 0.
+    """

@@ -1,4 +1,4 @@
-"""Behavioural tests on the noisy quadratic model (Johnson et al. 2020's qualitative claims, checked on a noisy quadratic).
+"""Behavioural tests on the noisy quadratic model (Johnson et al. 2020's qualitative claims).
 
 ``F(w) = 1/2 sum_j h_j w_j^2`` with ``h_j = 1/j`` (d = 50); a per-example
 gradient is ``H w + eps``, ``eps ~ N(0, diag(0.2 h))``; ``w0 = 1``.  A shard

@@ -295,8 +295,8 @@ def test_sparse_input_is_rejected(reg_data):
         ({"module_hidden": (3,)}, ValueError, "Did you mean 'module__hidden'"),
         ({"module__hiden": (3,)}, ValueError, "module__hiden is not a parameter of MLP. Did you mean 'hidden'"),
         ({"optimizer__lrr": 0.1}, ValueError, "optimizer__lrr"),
-        ({"batch_size": 0}, ValueError, "batch_size must be >= 1"),
-        ({"batch_size": "big"}, TypeError, "batch_size must be an int"),
+        ({"batch_size": 0}, ValueError, "batch_size must be an integer >= 1 or a damper class"),
+        ({"batch_size": "big"}, TypeError, "batch_size must be an integer >= 1 or a damper"),
         ({"batch_size__delay": 3}, ValueError, "batch_size=32 is not a damper"),
         ({"max_epochs": 0}, ValueError, "max_epochs must be an integer >= 1"),
         ({"optimizer": "sgd"}, TypeError, "optimizer must be"),
@@ -405,3 +405,35 @@ def test_adascale_without_sgd_warns(client, clf_data):
     X, y = clf_data
     with pytest.warns(UserWarning, match="AdaScale scales the learning rate of SGD"):
         DaskClassifier(batch_size=AdaScale(batch_size=32), max_epochs=1, random_state=0).fit(X, y)
+
+
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        ({"max_workers": 1, "min_workers": 2}, r"max_workers must be None or an integer >= min_workers=2; got 1\."),
+        ({"update_timeout": float("inf")}, r"update_timeout must be a finite number of seconds > 0"),
+        ({"scale_wait": -1}, r"scale_wait must be a finite number of seconds >= 0"),
+        ({"validation_fraction": 1.0}, r"validation_fraction must be None or a number in \(0, 1\)"),
+        ({"dataset_cache": "yes"}, r"dataset_cache must be True or False; got 'yes'\."),
+        ({"device": "gpu0"}, r"device must be a torch device such as 'cpu'"),
+        ({"backend": "ring"}, r"backend must be one of \['allreduce', 'parameter-server'\]; got 'ring'\. Use"),
+        ({"checkpoint_every": 0}, r"checkpoint_every must be None or an integer >= 1; got 0\. It counts"),
+        ({"warm_start": 1}, r"warm_start must be True or False"),
+    ],
+)
+def test_parameter_table_names_the_parameter_and_what_it_takes(params, match, reg_data):
+    from adadamp import InvalidParameterError
+
+    X, y = reg_data
+    with pytest.raises(InvalidParameterError, match=match) as err:
+        DaskRegressor(**params).fit(X, y)
+    assert isinstance(err.value, ValueError) and isinstance(err.value, TypeError)
+
+
+def test_every_constructor_parameter_is_in_the_table_or_checked_where_used():
+    from adadamp.estimators import BaseDaskEstimator
+
+    checked_where_used = {"module", "criterion", "callbacks", "client", "random_state", "checkpoint"}
+    table = set(BaseDaskEstimator._parameter_constraints)
+    assert table | checked_where_used == set(BaseDaskEstimator._init_param_names())
+    assert not table & checked_where_used
