@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .dampers.clock import LoopState
 from .records import TrainingState
 
 FORMAT = 2
@@ -333,3 +334,16 @@ def _sync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def restore(state: TrainingState, saved: dict, n_data: int) -> list:
+    """Overlay a loaded checkpoint on freshly built ``state``; returns the epoch's updates so far."""
+    loop = LoopState(**saved["loop"])
+    if loop.n_data != n_data:
+        raise ValueError(f"The checkpoint was written for {loop.n_data} examples; X has {n_data}.")
+    state.module.load_state_dict(saved["module"])
+    state.optimizer.load_state_dict(saved["optimizer"])
+    restore_damper(state.damper, saved["damper"])
+    state.targets.update(saved["targets"])
+    state.loop, state.history = loop, list(saved["history"])
+    return saved["epoch_updates"]

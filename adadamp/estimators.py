@@ -41,20 +41,17 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
 
+from . import building, checkpoint, constraints, dashboard, inference, inputs, porting, routing
 from . import callbacks as callbacks_mod
-from . import checkpoint, constraints, dashboard, inference, inputs, porting, routing
 from . import cluster as cl
-from .dampers import BaseDamper, Constant
 from .engine import AllReduce, LoopState, ParameterServer
 from .engine.data import ArrayData, DaskArrayData, DatasetData
 from .engine.loop import FitLoop
 from .engine.session import KeptBackend
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
-from .modules import MLP
 from .records import TrainingState
 from .sample_weight import SampleWeightedLoss, check_sample_weight, normalized, pack
 from .wire import optimizer_plan
-from .wire.seeding import seeded
 from .worker import loading
 
 __all__ = ["BaseDaskEstimator", "DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
@@ -386,53 +383,6 @@ class BaseDaskEstimator(BaseEstimator):
                 "client=None to use the current one or the embedded cluster."
             )
 
-    # ------------------------------------------------------------------ build
-    def _build_damper(self, n_data: int) -> BaseDamper:
-        params = self._params_for("batch_size")
-        bs = self.batch_size
-        if isinstance(bs, BaseDamper):
-            damper = clone(bs)
-            try:
-                damper.set_params(**params)
-            except ValueError as err:
-                hint = porting.damper_hint(type(damper), (), params)
-                raise ValueError(f"batch_size__*: {hint or err}") from err
-        elif isinstance(bs, type):
-            damper = routing.construct(bs, params, "batch_size")
-        else:
-            if params:
-                keys = ", ".join(f"batch_size__{k}" for k in params)
-                raise ValueError(f"{keys} given but batch_size={bs!r} is not a damper; pass e.g. batch_size=GeoDamp.")
-            damper = Constant(batch_size=int(bs))
-        damper.reset(n_data)
-        return damper
-
-    def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
-        params = self._params_for("module")
-        with seeded(seed):  # the lock keeps other threads' seeding out of these draws
-            if self.module is None:
-                params = {"n_features": n_features, "n_outputs": n_outputs, **params}
-                return routing.construct(MLP, params, "module")
-            if isinstance(self.module, nn.Module):
-                if params:
-                    return routing.construct(type(self.module), params, "module")
-                return copy.deepcopy(self.module)
-            if isinstance(self.module, type) and issubclass(self.module, nn.Module):
-                return routing.construct(self.module, params, "module")
-        raise ValueError(f"module must be None, a torch.nn.Module class or instance; got {self.module!r}.")
-
-    def _build_criterion(self) -> nn.Module:
-        crit = self.criterion if self.criterion is not None else self._default_criterion
-        params = self._params_for("criterion")
-        if isinstance(crit, nn.Module):
-            return routing.construct(type(crit), params, "criterion") if params else copy.deepcopy(crit)
-        if isinstance(crit, type) and issubclass(crit, nn.Module):
-            return routing.construct(crit, params, "criterion")
-        raise ValueError(f"criterion must be a torch.nn.Module class or instance; got {crit!r}.")
-
-    def _build_optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
-        return routing.construct(self.optimizer, self._params_for("optimizer"), "optimizer", module.parameters())
-
     # ------------------------------------------------------------------- data
     def _to_arrays(self, X, y, reset: bool):
         """Validated float32 ``X`` and ``y``, and (fresh fits) the feature attributes to commit."""
@@ -592,6 +542,7 @@ class BaseDaskEstimator(BaseEstimator):
             targets.update(features)
             n_outputs = self._n_outputs(targets, y)
         seed = self._draw_seed() if fresh else self.loop_.seed
+        params = self.get_params(deep=False)
         valid = None
         if self.validation_fraction:
             split = (X, y) if sample_weight is None else (X, y, sample_weight)
@@ -602,14 +553,15 @@ class BaseDaskEstimator(BaseEstimator):
         if X is not None:
             data, head = ArrayData(X, y if sample_weight is None else pack(y, sample_weight)), (X, y)
         if fresh:
-            module = self._build_module(int(np.prod(head[0].shape[1:])), n_outputs, seed)
-            criterion = self._build_criterion()
-            self._check_output_shape(module, criterion, *head, n_outputs)
+            module = building.build_module(params, int(np.prod(head[0].shape[1:])), n_outputs, seed)
+            criterion = building.build_criterion(params, self._default_criterion)
+            expected = self._expected_output_shape(criterion, head[1][:2], n_outputs)
+            building.check_output_shape(module, criterion, *head, expected, params)
             state = TrainingState(
                 module=module,
                 criterion=criterion,
-                optimizer=self._build_optimizer(module),
-                damper=self._build_damper(len(data)),
+                optimizer=building.build_optimizer(params, module),
+                damper=building.build_damper(params, len(data)),
                 loop=LoopState(seed=seed, n_data=len(data)),
                 targets=targets,
             )
@@ -617,7 +569,7 @@ class BaseDaskEstimator(BaseEstimator):
             if self.checkpoint is not None and os.path.exists(self.checkpoint):
                 saved = checkpoint.load(self.checkpoint)
                 checkpoint.check_fingerprint(self.checkpoint, saved["fingerprint"], self._fingerprint(data))
-                epoch_updates = self._restore(state, saved, len(data))
+                epoch_updates = checkpoint.restore(state, saved, len(data))
                 epochs -= len(state.history)
         else:
             epoch_updates = []
@@ -625,10 +577,10 @@ class BaseDaskEstimator(BaseEstimator):
             # failed call leaves the fitted state as it was.
             state = copy.deepcopy(self._state())
             state.targets.update(targets)
-            self._apply_optimizer_params(state)
-            if self._damper_spec() != self._damper_spec_:
+            building.apply_optimizer_params(state, params)
+            if building.damper_spec(params) != self._damper_spec_:
                 # batch_size changed since the last fit: a new damper, on the run's continuing clock
-                state.damper = self._build_damper(len(data)).continue_from(state.loop.progress)
+                state.damper = building.build_damper(params, len(data)).continue_from(state.loop.progress)
             if state.loop.n_data != len(data):
                 state.loop = state.loop.resized(len(data))
         if self.checkpoint is not None:
@@ -748,19 +700,6 @@ class BaseDaskEstimator(BaseEstimator):
         params = {k: v for k, v in params.items() if not k.startswith("callbacks__")}
         return checkpoint.fingerprint(data.X, data.y, params)
 
-    def _apply_optimizer_params(self, state: TrainingState) -> None:
-        """``set_params(optimizer=..., optimizer__*=...)`` since the last fit takes effect now (as in skorch)."""
-        optimizer = state.optimizer
-        if type(optimizer) is not self.optimizer:
-            state.optimizer = self._build_optimizer(state.module)
-            return
-        params = self._params_for("optimizer")
-        for group in optimizer.param_groups:
-            for key, value in params.items():
-                group[key] = value
-                if key == "lr":
-                    group["adadamp_base_lr"] = value  # what the schedules' lr factor multiplies
-
     def _commit(self, state: TrainingState) -> None:
         fresh_without_names = "n_features_in_" in state.targets and "feature_names_in_" not in state.targets
         if fresh_without_names and hasattr(self, "feature_names_in_"):
@@ -768,24 +707,7 @@ class BaseDaskEstimator(BaseEstimator):
         for key, value in state.attributes().items():
             setattr(self, key, value)
         self.n_iter_ = len(self.history_)
-        self._damper_spec_ = self._damper_spec()
-
-    def _damper_spec(self) -> str:
-        """What the damper was built from, to notice a changed ``batch_size`` on warm starts."""
-        return repr((self.batch_size, sorted(self._params_for("batch_size").items())))
-
-    @staticmethod
-    def _restore(state: TrainingState, saved: dict, n_data: int) -> list:
-        """Overlay a checkpoint on freshly built state; returns the epoch's updates so far."""
-        loop = LoopState(**saved["loop"])
-        if loop.n_data != n_data:
-            raise ValueError(f"The checkpoint was written for {loop.n_data} examples; X has {n_data}.")
-        state.module.load_state_dict(saved["module"])
-        state.optimizer.load_state_dict(saved["optimizer"])
-        checkpoint.restore_damper(state.damper, saved["damper"])
-        state.targets.update(saved["targets"])
-        state.loop, state.history = loop, list(saved["history"])
-        return saved["epoch_updates"]
+        self._damper_spec_ = building.damper_spec(self.get_params(deep=False))
 
     def _train(self, state: TrainingState, data, epochs: int, epoch_updates: list, valid=None,
                fresh: bool = True, keep: bool = False, criterion=None) -> None:
@@ -874,33 +796,6 @@ class BaseDaskEstimator(BaseEstimator):
         )
         return policy, client
 
-    def _check_output_shape(self, module, criterion, X, y, n_outputs: int) -> None:
-        """A forward pass on two examples on the client, so a misfit module fails here, clearly."""
-        try:
-            with torch.no_grad():
-                out = module(torch.tensor(X[:2]))
-        except Exception as err:
-            routed = sorted(self._params_for("module")) or ["..."]
-            raise ValueError(
-                f"The module {type(module).__name__} cannot take X's examples of shape {tuple(X.shape[1:])}: "
-                f"{type(err).__name__}: {err}. Change its input size (module__{routed[0]}=...) or reshape X."
-            ) from err
-        target = torch.from_numpy(y[:2])
-        expected = self._expected_output_shape(criterion, target, n_outputs)
-        if expected is not None and tuple(out.shape) != expected:
-            raise ValueError(
-                f"The module's output shape {tuple(out.shape)} does not fit the criterion "
-                f"{type(criterion).__name__}: expected {expected} for targets of shape "
-                f"{tuple(target.shape)}. Change the module's output size."
-            )
-        try:
-            criterion(out, target)
-        except Exception as err:
-            raise ValueError(
-                f"The criterion {type(criterion).__name__} cannot compare the module's output of "
-                f"shape {tuple(out.shape)} with targets of shape {tuple(target.shape)}: {err}"
-            ) from err
-
     # --------------------------------------------------------- save / load
     def save_params(self, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> None:
         """Save parts of the fitted state (skorch's names).
@@ -967,7 +862,7 @@ class BaseDaskEstimator(BaseEstimator):
         check_is_fitted(self)
         if f_checkpoint is not None:
             state = self._state()
-            self._restore(state, checkpoint.load(f_checkpoint), self.loop_.n_data)
+            checkpoint.restore(state, checkpoint.load(f_checkpoint), self.loop_.n_data)
             self._commit(state)
         if f_params is not None:
             self.module_.load_state_dict(torch.load(f_params, weights_only=True))

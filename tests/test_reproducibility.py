@@ -20,7 +20,7 @@ from distributed.comm.core import CommClosedError
 from sklearn.datasets import make_regression
 from torch import nn
 
-from adadamp import DaskRegressor
+from adadamp import DaskRegressor, building
 from adadamp.wire.seeding import seeded
 
 
@@ -98,7 +98,8 @@ def test_module_weights_do_not_depend_on_other_threads_seeding():
     thread = threading.Thread(target=gradients_of_another_fit, daemon=True)
     thread.start()
     try:
-        built = [torch.cat([p.detach().reshape(-1) for p in est._build_module(8, 1, 123).parameters()])
+        params = est.get_params(deep=False)
+        built = [torch.cat([p.detach().reshape(-1) for p in building.build_module(params, 8, 1, 123).parameters()])
                  for _ in range(200)]
     finally:
         stop.set()

@@ -7,7 +7,7 @@ import torch
 from sklearn.datasets import make_regression
 from torch import nn
 
-from adadamp import DaskRegressor
+from adadamp import DaskRegressor, building
 from adadamp.dampers import AdaScale, DynamicSGD, RadaDamp
 from adadamp.wire import parameters
 from adadamp.worker import gradient
@@ -132,7 +132,7 @@ def test_a_class_weighted_loss_is_the_criterions_weighted_mean(client, criterion
                          optimizer__lr=0.5, batch_size=96, max_epochs=1, random_state=0).fit(X, y)
     initial = DaskClassifier(criterion=nn.CrossEntropyLoss, criterion__weight=weights,
                              criterion__ignore_index=criterion__ignore_index, random_state=0)
-    module = initial._build_module(6, 3, est.loop_.seed)
+    module = building.build_module(initial.get_params(deep=False), 6, 3, est.loop_.seed)
     loss = nn.CrossEntropyLoss(weight=weights, ignore_index=criterion__ignore_index)(
         module(torch.from_numpy(X)), torch.from_numpy(y))
     loss.backward()

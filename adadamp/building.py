@@ -1,0 +1,130 @@
+"""The objects a fit trains, built from an estimator's parameters (as skorch's ``initialize_*``).
+
+Each function takes the estimator's parameters (``get_params(deep=False)``, routed
+``prefix__name`` keys included) and builds one object, with errors that name the parameter and
+the fix; none touches the cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from sklearn.base import clone
+from torch import nn
+
+from . import porting, routing
+from .dampers import BaseDamper, Constant
+from .modules import MLP
+from .records import TrainingState
+from .wire.seeding import seeded
+
+__all__ = ["apply_optimizer_params", "build_criterion", "build_damper", "build_module", "build_optimizer",
+           "check_output_shape", "damper_spec", "routed"]
+
+
+def routed(params: Mapping, prefix: str) -> dict:
+    """The ``prefix__name`` parameters, keyed by ``name``."""
+    n = len(prefix) + 2
+    return {k[n:]: v for k, v in params.items() if k.startswith(prefix + "__")}
+
+
+def build_module(params: Mapping, n_features: int, n_outputs: int, seed: int) -> nn.Module:
+    """``module`` (None: an :class:`~adadamp.modules.MLP`), its initial weights drawn from ``seed``."""
+    spec, kwargs = params["module"], routed(params, "module")
+    with seeded(seed):  # the lock keeps other threads' seeding out of these draws
+        if spec is None:
+            return routing.construct(MLP, {"n_features": n_features, "n_outputs": n_outputs, **kwargs}, "module")
+        if isinstance(spec, nn.Module):
+            return routing.construct(type(spec), kwargs, "module") if kwargs else copy.deepcopy(spec)
+        if isinstance(spec, type) and issubclass(spec, nn.Module):
+            return routing.construct(spec, kwargs, "module")
+    raise ValueError(f"module must be None, a torch.nn.Module class or instance; got {spec!r}.")
+
+
+def build_criterion(params: Mapping, default: type[nn.Module]) -> nn.Module:
+    """``criterion`` (None: the estimator's ``default``)."""
+    spec = params["criterion"] if params["criterion"] is not None else default
+    kwargs = routed(params, "criterion")
+    if isinstance(spec, nn.Module):
+        return routing.construct(type(spec), kwargs, "criterion") if kwargs else copy.deepcopy(spec)
+    if isinstance(spec, type) and issubclass(spec, nn.Module):
+        return routing.construct(spec, kwargs, "criterion")
+    raise ValueError(f"criterion must be a torch.nn.Module class or instance; got {spec!r}.")
+
+
+def build_optimizer(params: Mapping, module: nn.Module) -> torch.optim.Optimizer:
+    """``optimizer`` over the module's parameters."""
+    return routing.construct(params["optimizer"], routed(params, "optimizer"), "optimizer", module.parameters())
+
+
+def build_damper(params: Mapping, n_data: int) -> BaseDamper:
+    """``batch_size``: an int (a :class:`~adadamp.dampers.Constant`), a damper class or instance."""
+    spec, kwargs = params["batch_size"], routed(params, "batch_size")
+    if isinstance(spec, BaseDamper):
+        damper = clone(spec)
+        try:
+            damper.set_params(**kwargs)
+        except ValueError as err:
+            hint = porting.damper_hint(type(damper), (), kwargs)
+            raise ValueError(f"batch_size__*: {hint or err}") from err
+    elif isinstance(spec, type):
+        damper = routing.construct(spec, kwargs, "batch_size")
+    else:
+        if kwargs:
+            keys = ", ".join(f"batch_size__{k}" for k in kwargs)
+            raise ValueError(f"{keys} given but batch_size={spec!r} is not a damper; pass e.g. batch_size=GeoDamp.")
+        damper = Constant(batch_size=int(spec))
+    damper.reset(n_data)
+    return damper
+
+
+def damper_spec(params: Mapping) -> str:
+    """What the damper is built from, to notice a changed ``batch_size`` on a warm start."""
+    return repr((params["batch_size"], sorted(routed(params, "batch_size").items())))
+
+
+def apply_optimizer_params(state: TrainingState, params: Mapping) -> None:
+    """``set_params(optimizer=..., optimizer__*=...)`` since the last fit takes effect now (as in skorch)."""
+    if type(state.optimizer) is not params["optimizer"]:
+        state.optimizer = build_optimizer(params, state.module)
+        return
+    for group in state.optimizer.param_groups:
+        for key, value in routed(params, "optimizer").items():
+            group[key] = value
+            if key == "lr":
+                group["adadamp_base_lr"] = value  # what the schedules' lr factor multiplies
+
+
+def check_output_shape(
+    module: nn.Module, criterion: nn.Module, X: np.ndarray, y: np.ndarray, expected: tuple | None, params: Mapping
+) -> None:
+    """A forward pass on two examples on the client, so a misfit module fails here, clearly.
+
+    ``expected``: the output shape the criterion needs for ``y[:2]`` (None: any shape it takes).
+    """
+    try:
+        with torch.no_grad():
+            out = module(torch.tensor(X[:2]))
+    except Exception as err:
+        keys = sorted(routed(params, "module")) or ["..."]
+        raise ValueError(
+            f"The module {type(module).__name__} cannot take X's examples of shape {tuple(X.shape[1:])}: "
+            f"{type(err).__name__}: {err}. Change its input size (module__{keys[0]}=...) or reshape X."
+        ) from err
+    target = torch.from_numpy(y[:2])
+    if expected is not None and tuple(out.shape) != expected:
+        raise ValueError(
+            f"The module's output shape {tuple(out.shape)} does not fit the criterion "
+            f"{type(criterion).__name__}: expected {expected} for targets of shape "
+            f"{tuple(target.shape)}. Change the module's output size."
+        )
+    try:
+        criterion(out, target)
+    except Exception as err:
+        raise ValueError(
+            f"The criterion {type(criterion).__name__} cannot compare the module's output of "
+            f"shape {tuple(out.shape)} with targets of shape {tuple(target.shape)}: {err}"
+        ) from err
