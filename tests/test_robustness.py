@@ -69,7 +69,7 @@ class FailsOnWorkers(nn.Module):
 @pytest.mark.parametrize(
     ("params", "match"),
     [
-        ({"device": "cdua"}, "device='cdua' is not a torch device"),
+        ({"device": "cdua"}, "device must be a torch device such as 'cpu'.*; got 'cdua'"),
         ({"update_timeout": 0}, "update_timeout must be a finite number of seconds > 0"),
         ({"worker_timeout": -1}, "worker_timeout must be"),
         ({"scale_wait": float("nan")}, "scale_wait must be"),
