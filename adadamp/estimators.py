@@ -20,39 +20,32 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import inspect
 import json
 import logging
 import os
-import time
 import types
-import warnings
 from typing import ClassVar
 
 import numpy as np
 import torch
 from distributed import Client
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
-from sklearn.exceptions import DataConversionWarning
-from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 from torch import nn
 
-from . import building, checkpoint, constraints, dashboard, inference, inputs, porting, routing
+from . import building, checkpoint, constraints, dashboard, inference, porting, routing
 from . import callbacks as callbacks_mod
 from . import cluster as cl
+from .data import Labels, Values, convert, make_source
 from .engine import AllReduce, LoopState, ParameterServer
-from .engine.data import ArrayData, DaskArrayData, DatasetData
 from .engine.loop import FitLoop
 from .engine.session import KeptBackend
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .records import TrainingState
-from .sample_weight import SampleWeightedLoss, check_sample_weight, normalized, pack
+from .sample_weight import SampleWeightedLoss
 from .wire import optimizer_plan
-from .worker import loading
 
 __all__ = ["BaseDaskEstimator", "DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
 
@@ -383,27 +376,6 @@ class BaseDaskEstimator(BaseEstimator):
                 "client=None to use the current one or the embedded cluster."
             )
 
-    # ------------------------------------------------------------------- data
-    def _to_arrays(self, X, y, reset: bool):
-        """Validated float32 ``X`` and ``y``, and (fresh fits) the feature attributes to commit."""
-        X = inputs.as_numpy(X)
-        y = inputs.as_numpy(y) if y is not None else None
-        checked = copy.copy(self) if reset else self  # a fresh fit sets n_features_in_ only when it succeeds
-        X, y = validate_data(
-            checked,
-            X,
-            y,
-            reset=reset,
-            dtype=np.float32,
-            allow_nd=True,
-            multi_output=True,
-            y_numeric=isinstance(self, RegressorMixin),
-        )
-        if X.shape[0] < 2:
-            raise ValueError(f"Found {X.shape[0]} sample(s); adadamp needs at least 2 samples to train.")
-        names = ("n_features_in_", "feature_names_in_")
-        features = {k: getattr(checked, k) for k in names if reset and hasattr(checked, k) and k in vars(checked)}
-        return np.ascontiguousarray(X), y, features
 
     # -------------------------------------------------------------- training
     def fit(self, X, y=None, sample_weight=None, **fit_params) -> BaseDaskEstimator:
@@ -527,31 +499,15 @@ class BaseDaskEstimator(BaseEstimator):
                     return self._fit(X, y, epochs=epochs, fresh=fresh, classes=classes)
                 finally:
                     del self._embedded
-        if isinstance(X, torch.utils.data.Dataset):
-            data, head, targets = self._dataset_data(client, X, y, fresh=fresh, classes=classes)
-            X = y = None  # the workers read the examples
-            n_outputs = self._n_outputs(targets, head[1])
-        elif inputs.is_dask(X):
-            data, head, targets = self._dask_data(X, y, fresh=fresh, classes=classes, sample_weight=sample_weight)
-            X = y = None  # the data stays on the cluster
-            n_outputs = self._n_outputs(targets, head[1])
-        else:
-            X, y, features = self._to_arrays(X, y, reset=fresh)
-            sample_weight = check_sample_weight(sample_weight, len(X))
-            y, targets = self._encode_targets(y, fresh=fresh, classes=classes)
-            targets.update(features)
-            n_outputs = self._n_outputs(targets, y)
-        seed = self._draw_seed() if fresh else self.loop_.seed
+        made = make_source(
+            X, y, self._targets(fresh, classes), estimator=self, fresh=fresh, client=client,
+            seed=self._draw_seed if fresh else lambda: self.loop_.seed, sample_weight=sample_weight,
+            validation_fraction=self.validation_fraction,
+            loading={"threads": int(self.dataset_threads), "cache": bool(self.dataset_cache)},
+        )
+        data, head, targets, n_outputs, seed, valid = (
+            made.source, made.head, made.attrs, made.n_outputs, made.seed, made.valid)
         params = self.get_params(deep=False)
-        valid = None
-        if self.validation_fraction:
-            split = (X, y) if sample_weight is None else (X, y, sample_weight)
-            X, X_valid, y, y_valid, *w = train_test_split(*split, test_size=self.validation_fraction,
-                                                          random_state=seed)
-            sample_weight = w[0] if w else None
-            valid = (X_valid, y_valid) if not w else (X_valid, pack(y_valid, w[1]))
-        if X is not None:
-            data, head = ArrayData(X, y if sample_weight is None else pack(y, sample_weight)), (X, y)
         if fresh:
             module = building.build_module(params, int(np.prod(head[0].shape[1:])), n_outputs, seed)
             criterion = building.build_criterion(params, self._default_criterion)
@@ -587,7 +543,7 @@ class BaseDaskEstimator(BaseEstimator):
             state.fingerprint = self._fingerprint(data)
         optimizer_plan.check_supported(state.optimizer, state.damper)
         weighted = None  # the workers' criterion when the targets carry sample weights (adadamp.sample_weight)
-        if sample_weight is not None:
+        if made.weighted:
             weighted = SampleWeightedLoss(state.criterion, torch.from_numpy(head[1][:0]).dtype, head[1].ndim)
             valid = valid if valid is None else (*valid, weighted)
         self._training_state = state  # save_params from a callback saves this state, not the last fit's
@@ -609,89 +565,6 @@ class BaseDaskEstimator(BaseEstimator):
         if self.random_state is None:
             return int(torch.randint(2**31 - 1, ()).item())
         return int(check_random_state(self.random_state).randint(2**31 - 1))
-
-    def _dask_data(self, X, y, *, fresh: bool, classes=None, sample_weight=None):
-        """A dask ``X, y`` checked and encoded on the cluster, persisted there; returns the data
-        source, the first two examples (for the module's shape check) and the target attributes."""
-        import dask
-        import dask.array as da
-
-        client = self.client if self.client is not None else _active_client()
-        if client is None:
-            raise ValueError(
-                "A dask X trains on the cluster it lives on: create a distributed.Client first "
-                "(or pass client=...)."
-            )
-        if self.validation_fraction:
-            raise ValueError(
-                "validation_fraction needs the data on the client; with a dask X hold out a validation set "
-                "with dask_ml.model_selection.train_test_split and score it, or leave validation_fraction=None."
-            )
-        start = time.perf_counter()
-        X, y, names = inputs.dask_arrays(X, y)
-        parts = len(X.chunks[0])
-        X, y = inputs.engine_blocks(X, y, n_workers=max(1, len(client.scheduler_info()["workers"])))
-        if len(X.chunks[0]) != parts:
-            logger.info("dask data: %d partitions rechunked along axis 0 into %d", parts, len(X.chunks[0]))
-        if not fresh and X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} was fitted with "
-                             f"{self.n_features_in_}.")
-        checks = {"finite": da.isfinite(X).all(), **self._dask_target_checks(y)}
-        if sample_weight is not None:
-            try:
-                w = inputs.aligned(sample_weight, X).astype(np.float64)
-            except ValueError as err:
-                raise ValueError(f"sample_weight: {err} One weight per example of X.") from err
-            if w.ndim != 1:
-                raise ValueError(f"sample_weight.shape == {w.shape}, expected ({X.shape[0]},): one weight per example.")
-            checks.update(w_finite=da.isfinite(w).all(), w_negative=(w < 0).any(), w_total=w.sum())
-        with client.as_current():
-            (checked,) = dask.compute(checks)  # one pass on the cluster; only these scalars come back
-        logger.info("dask data: %d examples in %d partitions, checked on the cluster in %.2f s",
-                    X.shape[0], len(X.chunks[0]), time.perf_counter() - start)
-        if not checked["finite"]:
-            raise ValueError("Input X contains NaN or infinity (checked on the cluster).")
-        if sample_weight is not None:
-            w = normalized(w, finite=bool(checked["w_finite"]), negative=bool(checked["w_negative"]),
-                           total=float(checked["w_total"]))
-        y, targets = self._encode_dask_targets(y, checked, fresh=fresh, classes=classes)
-        if fresh:
-            targets["n_features_in_"] = X.shape[1]
-            if names is not None:
-                targets["feature_names_in_"] = names
-        with client.as_current():
-            head = dask.compute(X[:2], y[:2])  # two examples, for the module's shape check
-            X, y = client.persist([X, y if sample_weight is None else pack(y, w)])
-        return DaskArrayData(client, X, y), head, targets
-
-    def _dataset_data(self, client, dataset, y, *, fresh: bool, classes=None):
-        """A lazy torch Dataset checked through the workers: the source, two examples read on a
-        worker (the module's shape check) and the target attributes.  The client reads none."""
-        if y is not None:
-            raise ValueError("With a torch Dataset as X, y must be None: the Dataset yields (x, y) pairs.")
-        if self.validation_fraction:
-            raise ValueError(
-                "validation_fraction needs the data on the client; with a torch Dataset hold out a validation "
-                "set with torch.utils.data.random_split and score it, or leave validation_fraction=None."
-            )
-        n = len(dataset)
-        if n < 2:
-            raise ValueError(f"Found {n} sample(s); adadamp needs at least 2 samples to train.")
-        head_X, head_y = client.submit(loading.read_examples, dataset, 0, 2, pure=False).result()
-        if not fresh and head_X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {head_X.shape[1]} features, but {type(self).__name__} was fitted with "
-                             f"{self.n_features_in_}.")
-        labels = self._dataset_targets(client, dataset, head_y)
-        _, targets = self._encode_targets(labels, fresh=fresh, classes=classes)
-        encode = self._target_encoder(targets)
-        if fresh:
-            targets["n_features_in_"] = head_X.shape[1]
-        data = DatasetData(dataset, encode=encode, threads=int(self.dataset_threads), cache=bool(self.dataset_cache))
-        return data, (head_X, np.stack([encode(v) for v in head_y])), targets
-
-    def _dataset_targets(self, client, dataset, head_y) -> np.ndarray:
-        """The targets :meth:`_encode_targets` checks before training on a Dataset (two suffice here)."""
-        return head_y
 
     def _fingerprint(self, data) -> dict:
         """What decides this fit's trajectory: the training data and the parameters (not max_epochs)."""
@@ -887,28 +760,23 @@ class BaseDaskEstimator(BaseEstimator):
         if isinstance(X, torch.utils.data.Dataset):
             client = self.client if self.client is not None else _active_client()
             if client is None:
-                return self._forward(inputs.from_dataset(X, None)[0])
+                return self._forward(convert.from_dataset(X, None)[0])
             with client.as_current():
-                return self._forward(inputs.dataset_arrays(client, X)[0]).compute()
-        if inputs.is_dask(X):
-            X = inputs.dask_features(X)
-            if X.shape[1] != self.n_features_in_:
-                raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} was fitted with "
-                                 f"{self.n_features_in_}.")
+                return self._forward(convert.dataset_arrays(client, X)[0]).compute()
+        if convert.is_dask(X):
+            X = convert.dask_features(X)
+            convert.check_features(X.shape[1], self)
             return inference.dask_outputs(self.module_, X, self._n_module_outputs(X.shape[1:]))
-        X = inputs.as_numpy(X)
-        X = validate_data(self, X, reset=False, dtype=np.float32, allow_nd=True)
-        return inference.forward(self.module_, X)
+        return inference.forward(self.module_, convert.features(self, X))
 
     def _scoring_inputs(self, X, y):
         """``score``'s ``X, y``: a torch Dataset becomes dask arrays the workers read (with a cluster
         running, else arrays read here).  Returns ``(X, y, client)``."""
         client = self.client if self.client is not None else _active_client()
         if isinstance(X, torch.utils.data.Dataset) and client is not None:
-            if y is not None:
-                raise ValueError("With a torch Dataset as X, y must be None: the Dataset yields (x, y) pairs.")
-            return (*inputs.dataset_arrays(client, X), client)
-        return (*inputs.scoring_data(X, y), client)
+            convert.check_no_targets(y)
+            return (*convert.dataset_arrays(client, X), client)
+        return (*convert.scoring_data(X, y), client)
 
     def _n_module_outputs(self, example_shape) -> int:
         """The module's output width, from one zero example on the client."""
@@ -1020,77 +888,9 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), classes=classes, keep=True,
                          sample_weight=sample_weight)
 
-    def _encode_targets(self, y, *, fresh: bool, classes=None):
-        if y.ndim == 2 and y.shape[1] == 1:
-            warnings.warn(
-                "A column-vector y was passed when a 1d array was expected; it is raveled.",
-                DataConversionWarning,
-                stacklevel=4,
-            )
-            y = y.ravel()
-        if y.ndim != 1:
-            raise ValueError(f"DaskClassifier expects 1-d labels; got y of shape {y.shape}.")
-        check_classification_targets(y)
-        known = self._classes_for(np.unique(y), fresh=fresh, classes=classes)
-        return np.searchsorted(known, y).astype(np.int64), {"classes_": known}
-
-    def _classes_for(self, labels: np.ndarray, *, fresh: bool, classes=None) -> np.ndarray:
-        """The classes y's ``labels`` (each once) are encoded in; a label outside them, or a single
-        class, is refused with the fix (scikit-learn's ``classes=`` convention for partial_fit)."""
-        known = (np.unique(classes) if classes is not None else labels) if fresh else self.classes_
-        unknown = np.setdiff1d(labels, known)
-        if len(unknown) and fresh:
-            raise ValueError(f"y contains labels not in classes=: {unknown[:10].tolist()}; classes= must list "
-                             "every label.")
-        if len(unknown):
-            raise ValueError(
-                f"y contains labels the fitted classifier does not know: {unknown[:10].tolist()} (its classes_ are "
-                f"{known[:10].tolist()}). Labels are fixed by the first call: pass every label as classes= to the "
-                "first partial_fit, e.g. partial_fit(X, y, classes=np.unique(all_labels)), or fit afresh."
-            )
-        if len(known) < 2:
-            raise ValueError(
-                f"{type(self).__name__} needs at least 2 classes; y has only one class, {known.tolist()[0]!r}. With "
-                "partial_fit on data whose first part has one class, pass every label as classes= on the first call."
-            )
-        return known
-
-    @staticmethod
-    def _dask_target_checks(y) -> dict:
-        """What the one pass over a dask y computes: its labels."""
-        import dask.array as da
-
-        if y.ndim != 1:
-            raise ValueError(f"DaskClassifier expects 1-d labels; got y of shape {y.shape}.")
-        return {"labels": da.unique(y)}
-
-    def _encode_dask_targets(self, y, checked: dict, *, fresh: bool, classes=None):
-        """The labels as class indices (lazily, on the cluster) and ``classes_``."""
-        labels = checked["labels"]
-        check_classification_targets(labels)
-        known = self._classes_for(labels, fresh=fresh, classes=classes)
-        return y.map_blocks(inputs.encode_labels, known=known, dtype=np.int64), {"classes_": known}
-
-    def _dataset_targets(self, client, dataset, head_y) -> np.ndarray:
-        """Every label: the Dataset's ``targets`` (torchvision's convention), else read on the workers."""
-        labels = getattr(dataset, "targets", None)
-        if labels is not None and len(labels) == len(dataset):
-            return np.asarray(labels)
-        start = time.perf_counter()
-        with client.as_current():  # the Dataset's targets, read chunk by chunk on the workers
-            labels = np.asarray(inputs.dataset_arrays(client, dataset)[1].compute())
-        logger.info("read %d labels on the cluster in %.2f s (a Dataset with a `targets` attribute skips this)",
-                    len(labels), time.perf_counter() - start)
-        return labels
-
-    @staticmethod
-    def _target_encoder(targets: dict):
-        """What turns one example's label into its class index (on the workers)."""
-        return functools.partial(inputs.encode_labels, known=targets["classes_"])
-
-    @staticmethod
-    def _n_outputs(targets: dict, y) -> int:
-        return len(targets["classes_"])
+    def _targets(self, fresh: bool, classes=None) -> Labels:
+        """The labels of this fit's ``y``: those of ``classes=`` or ``y``, or the fitted ones (warm)."""
+        return Labels(type(self).__name__, None if fresh else self.classes_, classes)
 
     @staticmethod
     def _expected_output_shape(criterion, target, n_outputs: int):
@@ -1120,7 +920,7 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         """
         out = self._forward(X)
         log_probabilities = isinstance(self.criterion_, nn.NLLLoss)
-        if inputs.is_dask(out):
+        if convert.is_dask(out):
             return out.map_blocks(inference.probabilities, log_probabilities=log_probabilities, dtype=np.float64)
         return inference.probabilities(out, log_probabilities)
 
@@ -1144,7 +944,7 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         """
         check_is_fitted(self)
         out = self._forward(X)
-        if inputs.is_dask(out):
+        if convert.is_dask(out):
             return out.map_blocks(inference.labels, classes=self.classes_, drop_axis=1, dtype=self.classes_.dtype)
         return inference.labels(out, self.classes_)
 
@@ -1171,7 +971,7 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         0.96
         """
         X, y, client = self._scoring_inputs(X, y)
-        if inputs.is_dask(X):
+        if convert.is_dask(X):
             with _as_current(client):
                 return inference.dask_accuracy(self.predict(X), y, sample_weight)
         return super().score(X, y, sample_weight=sample_weight)
@@ -1193,47 +993,9 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
 
     _default_criterion = nn.MSELoss
 
-    def _check_y_dims(self, y, fresh: bool) -> bool:
-        """Whether y is 1-d; a warm start keeps the dimensions it was fitted with."""
-        y_1d = y.ndim == 1
-        if not fresh and y_1d != self._y_1d:
-            raise ValueError(f"y has {y.ndim} dimension(s) but the estimator was fitted with the other shape.")
-        return y_1d
-
-    def _encode_targets(self, y, *, fresh: bool, classes=None):
-        y_1d = self._check_y_dims(y, fresh)
-        with np.errstate(over="ignore"):
-            y32 = y.astype(np.float32)
-        if not np.isfinite(y32).all():
-            raise ValueError(
-                f"y has values beyond float32's range (largest magnitude {float(np.max(np.abs(y))):.3g}); "
-                "training is in float32. Scale y (e.g. sklearn's TransformedTargetRegressor with a StandardScaler)."
-            )
-        y = np.ascontiguousarray(y32.reshape(len(y), -1))
-        return y, {"_y_1d": y_1d}
-
-    @staticmethod
-    def _dask_target_checks(y) -> dict:
-        """What the one pass over a dask y computes: whether it fits float32."""
-        import dask.array as da
-
-        return {"y_finite": da.isfinite(y.astype(np.float32)).all()}
-
-    def _encode_dask_targets(self, y, checked: dict, *, fresh: bool, classes=None):
-        """y as float32 columns (lazily, on the cluster)."""
-        if not checked["y_finite"]:
-            raise ValueError("y has values beyond float32's range (or NaN); scale y, training is in float32.")
-        y_1d = self._check_y_dims(y, fresh)
-        return (y[:, None] if y_1d else y).astype(np.float32), {"_y_1d": y_1d}
-
-    @staticmethod
-    def _target_encoder(targets: dict):
-        """What turns one example's target into float32 columns (on the workers)."""
-        return loading.float_targets
-
-    @staticmethod
-    def _n_outputs(targets: dict, y) -> int:
-        return y.shape[1]
+    def _targets(self, fresh: bool, classes=None) -> Values:
+        """The values of this fit's ``y``; a warm start keeps the fitted ``y``'s dimensions."""
+        return Values(None if fresh else self._y_1d)
 
     @staticmethod
     def _expected_output_shape(criterion, target, n_outputs: int):
@@ -1282,7 +1044,7 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
         0.99
         """
         X, y, client = self._scoring_inputs(X, y)
-        if inputs.is_dask(X):
+        if convert.is_dask(X):
             with _as_current(client):
                 return inference.dask_r2(self.predict(X), y, sample_weight)
         return super().score(X, y, sample_weight=sample_weight)

@@ -3,11 +3,11 @@
 ``sampler``
     which examples each update uses: the training clock (:class:`LoopState`) and one seeded
     permutation per data epoch.
-``placement``
-    which worker holds which block of examples (the pure ``plan_moves``).
-``data``
-    where the blocks come from: the client's arrays, a dask array's partitions, or a torch
-    Dataset the workers read (:mod:`adadamp.worker.loading`).
+``placement``, ``data``
+    names kept for :mod:`adadamp.data.placement` (which worker holds which block of examples)
+    and :mod:`adadamp.data.sources` (where the blocks come from: the client's arrays, a dask
+    array's partitions, or a torch Dataset the workers read); the data layer below the engine
+    makes both, and each source says what the workers need.
 ``membership``
     which workers take part: setting up joiners, leaving out failures, asking the cluster for
     more or fewer workers.

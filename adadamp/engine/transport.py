@@ -22,12 +22,11 @@ from distributed.protocol import to_serialize
 from ..exceptions import CollectiveError
 from ..records import GradientReply, ShareRequest
 from ..wire.channel import Channel, WorkerError, tcp_host
+from ..wire.lost import LOST
 from ..wire.shm import SharedBuffers
 
 logger = logging.getLogger(__name__)
 
-#: What a lost or unreachable worker raises; its share of an update is recomputed elsewhere.
-LOST = (OSError, CommClosedError, asyncio.TimeoutError, TimeoutError, EOFError)
 
 
 def channels_enabled() -> bool:

@@ -1,0 +1,149 @@
+"""Where the training data lives: the examples cut into blocks, the blocks grouped into shards, each
+shard held by one worker.
+
+A batch is cut by shards, not by workers: shard ``g``'s examples of an update are gathered and
+differentiated in one pass wherever shard ``g`` lives, and the client adds the shards' gradient
+sums in shard order.  So an update's arithmetic depends on the number of shards, never on which
+worker, or how many, computed them: a worker that dies hands its shards to the others and the
+trajectory does not change by a single bit (issue 27; ``elasticity`` in the docs).  Rank ``k`` is
+the ``k``-th worker of the fit; each worker holds ``n_shards // n_workers`` shards (the first ones
+one more).  When the workers change, :func:`plan_moves` moves as few shards as possible
+(docs/guide/elasticity.rst).  Pure; no Dask.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+
+def shard_of_blocks(n_blocks: int, n_shards: int) -> np.ndarray:
+    """The shard of each block: ``n_shards`` runs of consecutive blocks, the first
+    ``n_blocks % n_shards`` one block longer.
+
+    Examples
+    --------
+    >>> shard_of_blocks(5, 2).tolist()
+    [0, 0, 0, 1, 1]
+    """
+    sizes = [n_blocks // n_shards + (g < n_blocks % n_shards) for g in range(n_shards)]
+    return np.repeat(np.arange(n_shards, dtype=np.int64), sizes)
+
+
+def plan_moves(
+    old: list[str | None], workers: list[str], n_shards: int, preferred: list[str | None] | None = None
+) -> tuple[np.ndarray, list[str], dict[str, list[int]], dict[str, list[int]]]:
+    """Shards of the blocks owned by ``old`` (one name per block; None: not placed yet), and their holders.
+
+    Each worker holds ``n_shards // len(workers)`` shards, the first ``n_shards % len(workers)``
+    one more (with more workers than shards, the last ones hold none).  A shard stays with the
+    worker that holds most of its blocks while that one is under quota, then goes to the worker
+    where Dask holds most of its blocks (``preferred``), then to the first worker under quota.
+
+    Returns
+    -------
+    shard_of : ndarray
+        The shard of each block.
+    holder : list of str
+        The worker of each shard.
+    add, drop : dict of str to list of int
+        Per worker, the blocks it receives and the blocks it gives up.
+
+    Examples
+    --------
+    >>> shard_of, holder, add, drop = plan_moves(["a", "a", "b", "b", "c", "c"], ["a", "c"], 3)  # b died
+    >>> shard_of.tolist(), holder, add, drop
+    ([0, 0, 1, 1, 2, 2], ['a', 'a', 'c'], {'a': [2, 3], 'c': []}, {'a': [], 'c': []})
+    """
+    n_blocks = len(old)
+    shard_of = shard_of_blocks(n_blocks, n_shards)
+    quota = {w: n_shards // len(workers) + (k < n_shards % len(workers)) for k, w in enumerate(workers)}
+    holder: list[str | None] = [None] * n_shards
+    count = dict.fromkeys(workers, 0)
+    for where in (old, preferred):
+        if where is None:
+            continue
+        for g in range(n_shards):
+            votes = Counter(where[b] for b in np.flatnonzero(shard_of == g) if where[b] in quota)
+            best = max(votes, key=lambda w: (votes[w], -workers.index(w)), default=None)
+            if holder[g] is None and best is not None and count[best] < quota[best]:
+                holder[g] = best
+                count[best] += 1
+    free = iter(w for w in workers for _ in range(quota[w] - count[w]))
+    holder = [w if w is not None else next(free) for w in holder]
+    add: dict[str, list[int]] = {w: [] for w in workers}
+    drop: dict[str, list[int]] = {w: [] for w in workers}
+    for b, was in enumerate(old):
+        now = holder[shard_of[b]]
+        if was != now:
+            add[now].append(b)
+            if was in drop:
+                drop[was].append(b)
+    return shard_of, holder, add, drop
+
+
+class Placement:
+    """The blocks of ``n_examples`` examples, their shards and the rank holding each.
+
+    Blocks are ``n_examples / n_blocks`` examples each (rounded up), or the given ``lengths``
+    (a dask collection's partitions).
+
+    Examples
+    --------
+    >>> p = Placement(10, n_blocks=4)
+    >>> p.block_size, p.n_blocks, p.rows(3)
+    (3, 4, range(9, 10))
+    >>> shard_of, holder, _, _ = plan_moves(p.names([]), ["a", "b"], n_shards=2)
+    >>> p.assign(shard_of, holder, ["a", "b"])
+    >>> [(g, idx.tolist()) for g, idx in p.shards(np.array([9, 0, 4, 7]))]
+    [(0, [0, 4]), (1, [9, 7])]
+    >>> p.holder.tolist()  # the rank holding each shard
+    [0, 1]
+    """
+
+    def __init__(self, n_examples: int, n_blocks: int = 256, lengths: list[int] | None = None):
+        self.n_examples = n_examples
+        if lengths is None:
+            self.block_size: int | None = math.ceil(n_examples / min(n_examples, n_blocks))
+            self.n_blocks = math.ceil(n_examples / self.block_size)
+            self.starts = np.arange(self.n_blocks, dtype=np.int64) * self.block_size
+        else:
+            self.block_size = None  # blocks of their own sizes: found by binary search
+            self.n_blocks = len(lengths)
+            self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        self.shard_of = np.zeros(self.n_blocks, dtype=np.int64)  # shard of each block
+        self.holder = np.zeros(0, dtype=np.int64)  # rank of each shard
+        self.owner = np.zeros(self.n_blocks, dtype=np.int64)  # rank of each block
+
+    @property
+    def n_shards(self) -> int:
+        """The shards an update is cut into (0 before the first placement)."""
+        return len(self.holder)
+
+    def rows(self, block: int) -> range:
+        stop = self.starts[block + 1] if block + 1 < self.n_blocks else self.n_examples
+        return range(int(self.starts[block]), int(stop))
+
+    def blocks_of(self, idx: np.ndarray) -> np.ndarray:
+        """The block of each example index."""
+        if self.block_size is not None:
+            return idx // self.block_size
+        return np.searchsorted(self.starts, idx, side="right") - 1
+
+    def names(self, workers: list[str]) -> list[str | None]:
+        """The owner of each block by name (None for all before the first placement)."""
+        return [workers[k] for k in self.owner] if workers and self.n_shards else [None] * self.n_blocks
+
+    def assign(self, shard_of: np.ndarray, holder: list[str], workers: list[str]) -> None:
+        rank = {w: k for k, w in enumerate(workers)}
+        self.shard_of = np.asarray(shard_of, dtype=np.int64)
+        self.holder = np.array([rank[w] for w in holder], dtype=np.int64)
+        self.owner = self.holder[self.shard_of]
+
+    def shards(self, idx: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """Cut a batch by shards: ``(shard, indices)`` for every shard with any, in shard order
+        (each shard's indices in the batch's order)."""
+        shard = self.shard_of[self.blocks_of(idx)]
+        return [(g, idx[shard == g]) for g in np.unique(shard).tolist()]
