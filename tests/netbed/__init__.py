@@ -2,11 +2,11 @@
 
 A :class:`Netbed` is a Linux bridge in the root namespace and ``n`` *hosts*.  Each host is a
 network namespace (``ip netns``) with one interface, ``eth0``, whose address is taken from the
-benchmarking range 198.18.0.0/15 (RFC 2544), linked to the bridge by a veth pair, and its own
+benchmarking range 198.18.0.0/15 (RFC 2544; each bed takes a /24 that no other uses), linked to the bridge by a veth pair, and its own
 ``/dev/shm``: every process of a host runs under ``ip netns exec`` (which gives it a private mount
 namespace) with a per-host directory bind-mounted over ``/dev/shm``, so a worker never sees the
 client's shared-memory files nor another host's.  The client (the test process itself) is one more
-host: a veth pair whose root-namespace end holds 198.18.0.1 and whose other end is a bridge port,
+host: a veth pair whose root-namespace end holds the bed's ``.1`` address and whose other end is a bridge port,
 so what the client sends and receives crosses a veth link like the workers' traffic, and its own
 ``/dev/shm`` is the machine's, which no emulated host sees.  Running the client in the root
 namespace keeps the test body, its fixtures and its assertions in the pytest process (no
@@ -44,14 +44,14 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Self
 
 NS_PREFIX = "adnb"
 LINK_PREFIX = "nb"
 SHM_ROOT = "/dev/shm"
 SHM_PREFIX = "adadamp-netbed-"
-NETWORK = ipaddress.ip_network("198.18.0.0/24")  # inside 198.18.0.0/15 (RFC 2544)
-CLIENT_ADDRESS = str(NETWORK[1])
-FIRST_HOST = 10  # hosts get 198.18.0.10, .11, ...
+RANGE = ipaddress.ip_network("198.18.0.0/15")  # RFC 2544's benchmarking range
+FIRST_HOST = 10  # in a bed's /24 the client is .1, the hosts .10, .11, ...
 SCHEDULER_PORT = 8786
 _SEQ = itertools.count()
 _LIVE: set[Netbed] = set()
@@ -192,6 +192,23 @@ class Host:
                      "latency", "50ms")
 
 
+def _free_network(start: int) -> ipaddress.IPv4Network:
+    """A /24 of 198.18.0.0/15 that no interface of the root namespace uses (several test beds,
+    of this process or others, run side by side), trying from the ``start``-th on."""
+    used = set()
+    for line in _run("ip", "-o", "-4", "addr", "show", check=False).stdout.splitlines():
+        for word in line.split():
+            if "/" in word and word[0].isdigit():
+                with contextlib.suppress(ValueError):
+                    used.add(ipaddress.ip_interface(word).network)
+    subnets = list(RANGE.subnets(new_prefix=24))
+    for k in range(len(subnets)):
+        net = subnets[(start + k) % len(subnets)]
+        if not any(net.overlaps(u) for u in used):
+            return net
+    raise NetbedUnavailable("every /24 of 198.18.0.0/15 is in use")
+
+
 def _burst(rate: str) -> str:
     """A tbf bucket that holds a few ms at ``rate`` (at least 64 KiB)."""
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -203,7 +220,7 @@ def _burst(rate: str) -> str:
 
 
 class Netbed:
-    """A bridge, the client's link (198.18.0.1 in the root namespace) and ``hosts`` hosts.
+    """A bridge, the client's link (``client_address``, the /24's ``.1``, in the root namespace) and ``hosts`` hosts.
 
     ``rate`` shapes every link (see :meth:`Host.shape`).  Use as a context manager, or call
     :meth:`start` and :meth:`stop` (which is safe to call twice and also runs at exit).
@@ -215,6 +232,7 @@ class Netbed:
         self.bridge = f"{LINK_PREFIX}{self.tag}br"
         self.client_link = f"{LINK_PREFIX}{self.tag}cl"
         self.hosts: list[Host] = []
+        self.network: ipaddress.IPv4Network | None = None  # this bed's /24, chosen at start
         self.logs = tempfile.mkdtemp(prefix=f"adadamp-netbed-{self.tag}-logs-")
         self._next = 0
         self._started = False
@@ -225,6 +243,8 @@ class Netbed:
         if reason is not None:
             raise NetbedUnavailable(reason)
         sweep()
+        self.network = _free_network(os.getpid() * 26 + ord(self.tag[-1]))
+        self.client_address = str(self.network[1])
         self._started = True
         _LIVE.add(self)
         try:
@@ -233,7 +253,7 @@ class Netbed:
             peer = f"{LINK_PREFIX}{self.tag}cp"
             _run("ip", "link", "add", self.client_link, "type", "veth", "peer", "name", peer)
             _run("ip", "link", "set", peer, "master", self.bridge, "up")
-            _run("ip", "addr", "add", f"{CLIENT_ADDRESS}/{NETWORK.prefixlen}", "dev", self.client_link)
+            _run("ip", "addr", "add", f"{self.client_address}/{self.network.prefixlen}", "dev", self.client_link)
             _run("ip", "link", "set", self.client_link, "up")
             if self.rate is not None:
                 for dev in (self.client_link, peer):
@@ -251,7 +271,7 @@ class Netbed:
         i = self._next
         self._next += 1
         ns, port = f"{NS_PREFIX}{self.tag}-h{i}", f"{LINK_PREFIX}{self.tag}p{i}"
-        address = str(NETWORK[FIRST_HOST + i])
+        address = str(self.network[FIRST_HOST + i])
         shm = os.path.join(SHM_ROOT, f"{SHM_PREFIX}{self.tag}-h{i}")
         os.makedirs(shm, mode=0o1777)
         os.chmod(shm, 0o1777)
@@ -261,7 +281,7 @@ class Netbed:
         _run("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
         _run("ip", "link", "set", port, "master", self.bridge, "up")
         _run("ip", "-n", ns, "link", "set", "lo", "up")
-        _run("ip", "-n", ns, "addr", "add", f"{address}/{NETWORK.prefixlen}", "dev", "eth0")
+        _run("ip", "-n", ns, "addr", "add", f"{address}/{self.network.prefixlen}", "dev", "eth0")
         _run("ip", "-n", ns, "link", "set", "eth0", "up")
         if self.rate is not None:
             host.shape(self.rate)
@@ -286,7 +306,7 @@ class Netbed:
         _run("ip", "link", "del", self.bridge, check=False)
         _LIVE.discard(self)
 
-    def __enter__(self) -> Netbed:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
