@@ -18,7 +18,8 @@ latency.
 
 Names carry the owner's process id (namespaces ``adnb<pid><seq>-h<i>``, links ``nb<pid><seq>...``)
 and are removed at :meth:`Netbed.stop` (also after a failure, and at interpreter exit); :func:`sweep`
-removes what a dead process left behind and runs at every start.  Needs Linux, root and ``ip``
+removes what a dead process left behind and runs at every start.  The processes' output is in
+``Netbed.logs`` (removed at stop unless ``ADADAMP_NETBED_KEEP_LOGS=1``).  Needs Linux, root and ``ip``
 (iproute2; :func:`available` installs it with apt-get where it is missing).
 
 Used by ``tests/test_multihost.py`` and usable by ``benchmarks/``::
@@ -305,6 +306,8 @@ class Netbed:
         _run("ip", "link", "del", self.client_link, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
         _LIVE.discard(self)
+        if os.environ.get("ADADAMP_NETBED_KEEP_LOGS", "") in ("", "0"):
+            shutil.rmtree(self.logs, ignore_errors=True)
 
     def __enter__(self) -> Self:
         return self.start()
