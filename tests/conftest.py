@@ -1,5 +1,5 @@
 """Shared fixtures: one real LocalCluster of worker processes for the session, the single-node
-SLURM of ``tests/slurm`` (``slurm``), and a check for processes a test left behind."""
+SLURM of ``tests/slurm`` (``slurm``), the emulated hosts of ``tests/netbed`` (``netbed_ready``), and a check for processes a test left behind."""
 
 import logging
 import os
@@ -130,6 +130,21 @@ def slurm():
     yield last
     if "started: nothing" not in last and os.environ.get("ADADAMP_SLURM_KEEP", "") in ("", "0"):
         subprocess.run(["bash", str(SLURM_DIR / "stop.sh")], check=False, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def netbed_ready():
+    """Whether ``tests/netbed`` can build emulated hosts here (Linux, root, iproute2, installed with
+    apt-get where missing); where it cannot, the test skips with the reason, or fails when ``CI``
+    is set (CI must run the multi-host tests).  Also removes what dead test beds left behind."""
+    import netbed
+
+    reason = netbed.available()
+    if reason is not None:
+        if _ci():
+            pytest.fail(f"{reason}\n(CI is set: the multi-host tests must run in CI)", pytrace=False)
+        pytest.skip(reason=reason)
+    netbed.sweep()
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ two flat buffers, the criterion, and the data blocks the client placed on it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import ctypes.util
@@ -100,6 +101,10 @@ class Trainer:
         self.worker = None  # the Dask worker, once the plugin is set up
         self.host: str | None = None  # where this worker's channels listen (tcp:// workers)
         self.nthreads = 1
+        #: What this process's set-ups used, counted for tests and diagnostics (``client.run``):
+        #: ``setups``; ``shared_weights`` and ``shared_data`` (the client's shared memory mapped);
+        #: ``channels`` (a gradient channel opened).
+        self.stats: collections.Counter = collections.Counter()
 
     def attach(self, worker) -> None:
         """Set PyTorch up for ``worker`` and install the handlers (the plugin's set-up)."""
@@ -181,6 +186,7 @@ class Trainer:
         # a replica maps only the data: "shared" then says that the client need not send blocks
         reply = {"status": "OK", "shared": state.shared or (state.replica is not None and state.data.shared),
                  "shared_data": state.data.shared}
+        self.stats.update(setups=1, shared_weights=int(state.shared), shared_data=int(bool(state.data.shared)))
         if channel and self.host is not None:
             state.channel = ChannelServer(
                 self.host,
@@ -192,6 +198,7 @@ class Trainer:
                 on_close=lambda: self.close_fit(fit_id, only=state),  # the client closed the channel, or died
             )
             reply["channel"] = {"port": state.channel.port, "token": state.channel.token}
+            self.stats.update(channels=1)
         return reply
 
     def close_fit(self, fit_id: str, only: FitState | None = None) -> None:
