@@ -46,7 +46,8 @@ from . import callbacks as callbacks_mod
 from . import checkpoint, dashboard, inference, inputs, porting, routing
 from . import cluster as cl
 from .dampers import BaseDamper, Constant
-from .engine import AllReduce, LoopState, ParameterServer
+from .engine import Backend, LoopState
+from .engine.backends import get_backend
 from .engine.data import ArrayData, DaskArrayData, DatasetData
 from .engine.loop import FitLoop
 from .engine.session import KeptBackend
@@ -62,8 +63,6 @@ __all__ = ["BaseDaskEstimator", "DaskBaseDamper", "DaskClassifier", "DaskRegress
 
 logger = logging.getLogger(__name__)
 
-#: The ways of training, by the ``backend`` parameter's values.
-BACKENDS = {"parameter-server": ParameterServer, "allreduce": AllReduce}
 
 class BaseDaskEstimator(BaseEstimator):
     """Base of :class:`DaskClassifier` and :class:`DaskRegressor` (not instantiated itself).
@@ -363,11 +362,7 @@ class BaseDaskEstimator(BaseEstimator):
                 f"max_workers must be None or an integer >= min_workers={self.min_workers}; "
                 f"got {self.max_workers!r}."
             )
-        if self.backend not in BACKENDS:
-            raise ValueError(
-                f"backend must be one of {sorted(BACKENDS)}; got {self.backend!r}. Use 'allreduce' for large "
-                "models on many workers, 'parameter-server' (the default) otherwise."
-            )
+        get_backend(self.backend)  # a ValueError naming the registered backends
         if not isinstance(self.device, (str, torch.device)):
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda'; got {self.device!r}.")
         try:
@@ -866,9 +861,9 @@ class BaseDaskEstimator(BaseEstimator):
         else:
             backend.__exit__(None, None, None)
 
-    def _backend(self, client, policy, state: TrainingState, data, criterion=None) -> ParameterServer:
+    def _backend(self, client, policy, state: TrainingState, data, criterion=None) -> Backend:
         """The backend of ``self.backend``; ``criterion``: the workers' one, when not the state's."""
-        return BACKENDS[self.backend](
+        return get_backend(self.backend)(
             client,
             module=state.module,
             criterion=state.criterion if criterion is None else criterion,

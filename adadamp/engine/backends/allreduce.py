@@ -18,8 +18,8 @@ The client holds no weights during an epoch: its module is brought up to date (t
 taken, rank 0's state fetched) at the end of every epoch, for a checkpoint, and when the fit
 ends.  That state is also the *commit* a group falls back to when no replica is left.
 
-Membership (Holt & Sievert name the decentralized version as the next step; the group pattern
-is torchft's, scale-anchors §1): when the workers change, the next update first forms a new
+Membership (Holt & Sievert 2021, "Future work", name the decentralized version as the next step;
+the group pattern is torchft's, :doc:`/guide/backends`): when the workers change, the next update first forms a new
 group (a new generation, with its own rendezvous keys in the scheduler, reached over Dask's
 comm: :class:`~adadamp.worker.replica.SchedulerStore`), whose rank 0 is a replica of the last
 generation and broadcasts its state to the joiners.  A worker lost inside a collective makes the
@@ -53,16 +53,17 @@ import torch
 from distributed import Client
 from distributed.protocol import to_serialize
 
-from ..dampers import BaseDamper, GradStats
-from ..dampers.clock import LoopState, Sampler
-from ..exceptions import CollectiveError, NoWorkersError, StopTraining
-from ..records import ShareRequest, epoch_row
-from ..wire.optimizer_plan import apply_plan, group_settings
-from ..wire.parameters import flatten_parameters, float_buffers
-from ..worker.replica import ABORT, dump_state, load_state, step_vector
-from .aggregation import Totals
-from .parameter_server import MAX_RECOMPUTES, ParameterServer, dropout_seed
-from .transport import LOST
+from ...dampers import BaseDamper, GradStats
+from ...dampers.clock import LoopState, Sampler
+from ...dampers.epoch import run_epoch
+from ...exceptions import CollectiveError, NoWorkersError, StopTraining
+from ...records import ShareRequest
+from ...wire.optimizer_plan import apply_plan, group_settings
+from ...wire.parameters import flatten_parameters, float_buffers
+from ...worker.replica import ABORT, dump_state, load_state, step_vector
+from ..aggregation import Totals
+from ..transport import LOST
+from .base import MAX_RECOMPUTES, Backend, dropout_seed
 
 logger = logging.getLogger(__name__)
 
@@ -121,11 +122,12 @@ class RolledBack(Exception):
     """No replica was left: the epoch continues from the client's committed state."""
 
 
-class AllReduce(ParameterServer):
+class AllReduce(Backend):
     """Trains ``module`` on replicas held by the workers of ``client`` (see the module docstring).
 
     The same constructor, context manager, data placement and membership as
-    :class:`~adadamp.engine.ParameterServer`; only the update differs.
+    :class:`~adadamp.engine.ParameterServer` (:class:`~adadamp.engine.backends.base.Backend`);
+    only the update differs.
     """
 
     def __init__(self, *args, **kwargs):
@@ -172,50 +174,48 @@ class AllReduce(ParameterServer):
     # ------------------------------------------------------------------ the group
     def _ensure_group(self) -> None:
         """Form a new generation if the workers changed since the last one."""
-        for _attempt in range(1 + MAX_RECOMPUTES):
-            if not self.workers:
-                self.members.refresh(force=True)
-            if self._group == self.workers:
-                return
-            workers = list(self.workers)
-            current = [w for w in workers if w in self._current]
-            restore = None
-            if not current:
-                if self.loop.n_updates != self._commit.loop.n_updates:
-                    self._roll_back()
-                    raise RolledBack
-                if self._set_up_at.get(workers[0]) != self.loop.n_updates:
-                    restore = self._client_state()
-            # group rank 0 is a replica of the last generation (or holds the committed state)
-            order = current + [w for w in workers if w not in current]
-            self.generation += 1
-            step = self._step_vector(-1)
-            t0 = time.perf_counter()
-            calls = [
-                (w, "adadamp_group", {
-                    "fit_id": self.fit_id, "generation": self.generation, "rank": rank, "size": len(order),
-                    "step": None if step is None else to_serialize(step),
-                    "restore": restore if rank == 0 else None,
-                })
-                for rank, w in enumerate(order)
-            ]
-            replies = self.client.sync(self._form, calls, self.transport.timeout)
-            lost = [w for w, r in zip(order, replies) if isinstance(r, (*LOST, CollectiveError))]
-            for r in replies:
-                if isinstance(r, BaseException) and not isinstance(r, (*LOST, CollectiveError)):
-                    raise r
-            if not lost:
-                self._group, self._current, self._step = workers, set(workers), None
-                logger.info("all-reduce group %d formed: %d workers in %.3f s", self.generation, len(order),
-                            time.perf_counter() - t0)
-                return
-            self._current -= set(lost)
-            for w, r in zip(order, replies):
-                if isinstance(r, TimeoutError):  # alive but hung: left out, as in an update
-                    self.members.strike(w, r, out=True)
-            logger.warning("workers %s lost while forming all-reduce group %d; forming another", lost, self.generation)
-            self.members.refresh(force=True, lost=tuple(w for w, r in zip(order, replies) if isinstance(r, LOST)))
-        raise NoWorkersError(f"could not form an all-reduce group in {1 + MAX_RECOMPUTES} tries: workers keep leaving")
+        self._in_rounds(
+            self._form_group,
+            f"could not form an all-reduce group in {1 + MAX_RECOMPUTES} tries: workers keep leaving",
+        )
+
+    def _form_group(self, _attempt: int) -> tuple[bool | None, list[str]]:
+        """One try at forming the group of the current workers; None and the workers lost if it failed."""
+        if self._group == self.workers:
+            return True, []
+        workers = list(self.workers)
+        current = [w for w in workers if w in self._current]
+        restore = None
+        if not current:
+            if self.loop.n_updates != self._commit.loop.n_updates:
+                self._roll_back()
+                raise RolledBack
+            if self._set_up_at.get(workers[0]) != self.loop.n_updates:
+                restore = self._client_state()
+        # group rank 0 is a replica of the last generation (or holds the committed state)
+        order = current + [w for w in workers if w not in current]
+        self.generation += 1
+        step = self._step_vector(-1)
+        t0 = time.perf_counter()
+        calls = [
+            (w, "adadamp_group", {
+                "fit_id": self.fit_id, "generation": self.generation, "rank": rank, "size": len(order),
+                "step": None if step is None else to_serialize(step),
+                "restore": restore if rank == 0 else None,
+            })
+            for rank, w in enumerate(order)
+        ]
+        replies = self.client.sync(self._form, calls, self.transport.timeout)
+        dead, broken = self._triage(order, replies, collectives=True)  # the hung are left out, as in an update
+        if not dead and not broken:
+            self._group, self._current, self._step = workers, set(workers), None
+            logger.info("all-reduce group %d formed: %d workers in %.3f s", self.generation, len(order),
+                        time.perf_counter() - t0)
+            return True, []
+        lost = [order[k] for k in sorted(dead + broken)]
+        self._current -= set(lost)
+        logger.warning("workers %s lost while forming all-reduce group %d; forming another", lost, self.generation)
+        return None, [order[k] for k in dead]
 
     async def _form(self, calls: list[tuple[str, str, dict]], timeout: float) -> list:
         """The ``adadamp_group`` calls (as :meth:`Transport.call_all`); the first member lost or
@@ -312,7 +312,8 @@ class AllReduce(ParameterServer):
     def _reduce(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None) -> tuple[Totals, float]:
         """One update's round on the replicas; returns the batch's totals and the squared norm of
         its mean gradient.  A lost worker: the next generation recomputes the update."""
-        for _round in range(1 + MAX_RECOMPUTES):
+
+        def one_round(_k: int) -> tuple[tuple[Totals, float] | None, list[str]]:
             self._ensure_group()
             lp = self.loop
             mine: dict[int, list] = {}  # each member's shards of the batch, in shard order
@@ -334,30 +335,23 @@ class AllReduce(ParameterServer):
                 ))
             totals, replied = Totals(), []
             replies, totals.send = self.transport.round(requests, n_chunks, None, on_reply=_collect(totals, replied))
-            lost, broken = [], []
-            for request, r in zip(requests, replies):
-                if isinstance(r, CollectiveError):
-                    broken.append(request.worker)
-                elif isinstance(r, LOST):
-                    lost.append(request.worker)
-                    if isinstance(r, TimeoutError):  # alive but hung (or far too slow)
-                        self.members.strike(request.worker, r, out=True)
-                elif isinstance(r, BaseException):
-                    raise r
-            if not lost and not broken:
+            dead, failed = self._triage([q.worker for q in requests], replies, collectives=True)
+            if not dead and not failed:
                 r = replied[0]  # every member holds the same all-reduced totals
                 totals.n, totals.weight, totals.loss_sum = r.n, r.weight, r.loss_sum
                 totals.chunk_sq_norm_sum, totals.n_chunks = r.chunk_sq_norm_sum, r.n_chunks
                 self._step = None
-                return totals, r.grad_sq_norm
+                return (totals, r.grad_sq_norm), []
+            lost, broken = [requests[k].worker for k in dead], [requests[k].worker for k in failed]
             logger.warning("update %d: lost %s, collective failed on %s; re-forming the group and recomputing",
                            lp.n_updates, lost, broken)
             self._current -= set(lost)
             self._group = None
-            self.members.refresh(force=True, lost=tuple(lost))
-        raise NoWorkersError(
+            return None, lost
+
+        return self._in_rounds(one_round, (
             f"update {self.loop.n_updates} failed in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
-        )
+        ))
 
     def update(self) -> dict:
         """One model update; returns its record for the history."""
@@ -382,32 +376,35 @@ class AllReduce(ParameterServer):
         plan = self.damper.plan_update(batch.state, int(n), stats)
         lr = apply_plan(self.optimizer, plan, scale_buffers=False)  # the replicas scale their own
         self._step = (self.loop.n_updates, float(plan.momentum_buffer_scale), group_settings(self.optimizer))
-        self._advance(n, plan, loss)
+        self.loop.advance(n, plan.progress, loss)
         t_end = time.perf_counter()
         # the step is taken by the replicas with the next request: it is in their compute time
         return self._record(n, lr, loss, total, t_start, t_sent, t_back, t_end, t_end)
 
-    def run_epoch(self, updates: list | None = None, on_update=None) -> dict:
-        """Updates until the epoch clock passes the next whole epoch; the client's module is up to
-        date when it returns (also when a callback stops training)."""
-        start = time.perf_counter()
+    def _run_updates(self, updates: list[dict], on_update, end: float) -> None:
+        """The epoch's updates; the client's module is up to date when it returns (also when a
+        callback stops training).  An update undone (no replica left) is run again from the
+        commit, and callbacks are not told of it twice."""
         lp = self.loop
-        target = lp.epoch_end()
-        updates = list(updates or [])
-        earlier = sum(u["update_time"] for u in updates)
         self._set_commit(len(updates))
         self._epoch_updates = updates  # a mid-epoch sync (a checkpoint) moves the commit to its update
         reported = lp.n_updates  # on_update_end: each update number once, in order
+
+        def update() -> dict | None:
+            try:
+                return self.update()
+            except RolledBack:
+                del updates[self._commit.n_records:]
+                return None
+
+        def report(records: list[dict]) -> None:
+            nonlocal reported
+            if on_update is not None and lp.n_updates > reported:  # not again when recomputed
+                reported = lp.n_updates
+                on_update(records)
+
         try:
-            while lp.in_epoch(target):
-                try:
-                    updates.append(self.update())
-                except RolledBack:
-                    del updates[self._commit.n_records:]
-                    continue
-                if on_update is not None and lp.n_updates > reported:  # not again when recomputed
-                    reported = lp.n_updates
-                    on_update(updates)
+            run_epoch(lp, update, updates, report, end)
         except StopTraining:
             self.sync()
             raise
@@ -415,9 +412,6 @@ class AllReduce(ParameterServer):
             self._roll_back()  # the client's copy is the commit's: the clock goes back with it
             raise
         self.sync()
-        return epoch_row(
-            round(target / lp.n_data), updates, lp.n_updates, lp.n_samples_seen, earlier + time.perf_counter() - start
-        )
 
 
 def _collect(totals: Totals, replied: list):

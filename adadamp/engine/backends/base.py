@@ -1,54 +1,459 @@
-"""What the fit loop needs from a backend: the one interface every way of training implements.
+"""What every backend is: the interface the fit loop and the estimator use, and the part of a fit
+both ways of training share.
 
-The parameter server (:class:`~adadamp.engine.ParameterServer`: the client holds the weights and
-steps) and the all-reduce backend (:class:`~adadamp.engine.AllReduce`: replicas on the workers
-step in lockstep) implement it.  A
-backend is built for one ``fit`` call from the training state, the data and the cluster policy,
+A backend is built for one ``fit`` call from the training state, the data and the cluster policy,
 acquires its workers on ``__enter__`` and releases everything on ``__exit__``, whatever happened.
+Both backends (:mod:`.parameter_server`, :mod:`.allreduce`) share here: the workers taking part
+(:mod:`~adadamp.engine.membership`), the data placed on them in fixed shards
+(:mod:`~adadamp.engine.placement`), each update's batch (the damper names its size, the sampler
+draws its examples), the rounds that recompute what a lost worker owed, the update's record, and
+the epoch loop (:func:`adadamp.dampers.epoch.run_epoch`).  Only the update itself differs.
 """
 
 from __future__ import annotations
 
+import abc
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import math
+import time
+import uuid
 from collections.abc import Callable
-from typing import Protocol, Self
+from typing import Self, TypeVar
 
+import dask
+import numpy as np
+import torch
+from dask.utils import format_bytes
 from distributed import Client
 
-from ..dampers.clock import LoopState
+from ... import cluster as cl
+from ...dampers import BaseDamper, TrainState
+from ...dampers.clock import LoopState, Sampler
+from ...dampers.epoch import run_epoch
+from ...exceptions import CollectiveError, ConvergenceError, NoWorkersError
+from ...records import UpdateRecord, epoch_row
+from ...wire import shm
+from ...wire.channel import tcp_host
+from ...wire.parameters import trainable
+from ...wire.shm import SharedBuffers
+from ...worker.plugin import TrainerPlugin
+from ..aggregation import Totals
+from ..data import ArrayData, DaskArrayData, DatasetData
+from ..membership import Membership
+from ..placement import plan_moves
+from ..transport import LOST, Transport, channels_enabled
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Batches a lazy Dataset's workers are asked to load ahead: with one, a worker whose loads
+#: finished before the next request idled until it came (measured: 1.25x against 1.1x with two).
+PREFETCH_BATCHES = 2
+
+#: Rounds in a row in which some share of one update is lost before the update is given up: each
+#: round drops the lost workers, so this many means the workers keep dying as fast as they come.
+MAX_RECOMPUTES = 10
 
 
-class Backend(Protocol):
-    """One ``fit`` call's training on the cluster."""
+@dataclasses.dataclass
+class Batch:
+    """One update's batch: what the damper saw, the examples, their data epoch, the examples
+    to load ahead (lazy Datasets), and the statistics the damper needs."""
 
-    client: Client  # the Dask client the backend trains on (the fit loop publishes its progress there)
+    state: TrainState
+    idx: np.ndarray
+    epoch: int
+    ahead: np.ndarray | None
+    need: str | None
+    n_chunks: int
 
+
+def dropout_seed(seed: int, n_updates: int, part: int) -> int:
+    """The random seed of shard ``part`` of update ``n_updates`` (dropout masks), on both backends."""
+    return (seed * 1_000_003 + n_updates * 7919 + part) % 2**63
+
+
+def mark_base_lr(optimizer: torch.optim.Optimizer) -> None:
+    """Remember each param group's learning rate, which the damper's factor scales."""
+    for group in optimizer.param_groups:
+        group.setdefault("adadamp_base_lr", group["lr"])
+        group.pop("adadamp_scheduled_lr", None)  # set by an LRScheduler callback of this fit, if any
+
+
+class Backend(abc.ABC):
+    """Trains ``module`` on ``data`` held by the workers of ``client``, for one ``fit`` call.
+
+    Everything that must outlive the call (module, optimizer, damper, :class:`LoopState`) belongs
+    to the caller and is only borrowed here.  Use it as a context manager: entering acquires the
+    workers, the shared memory and the channels, leaving releases them whatever happened.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The cluster trained on (the fit loop publishes its progress there too).
+    module, criterion, optimizer : torch objects
+        The model, its loss and its optimizer (the client's copies).
+    damper : BaseDamper
+        Names each update's batch size, learning-rate factor and momentum.
+    loop : LoopState
+        The training clock, advanced by every update.
+    data : ArrayData, DaskArrayData or DatasetData
+        Where the training examples come from.
+    policy : ClusterPolicy
+        How many workers to use and how long to wait for them.
+    device : str, default="cpu"
+        Where the workers compute.
+    n_blocks : int, default=256
+        The data blocks the examples are cut into for placement.
+    """
+
+    client: Client
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        module: torch.nn.Module,
+        criterion: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        damper: BaseDamper,
+        loop: LoopState,
+        data: ArrayData | DaskArrayData | DatasetData,
+        policy: cl.ClusterPolicy,
+        device: str = "cpu",
+        n_blocks: int = 256,
+    ):
+        self.client = client
+        self.module = module
+        self.criterion = criterion
+        self.optimizer = optimizer
+        self.damper = damper
+        self.loop = loop
+        self.data = data
+        self.sampler = Sampler(loop)
+        self.placement = data.placement(n_blocks)
+        self._policy = policy
+        self.device = device
+        self.fit_id = f"adadamp-{uuid.uuid4().hex}"
+        self.n_shards: int | None = None  # what each update is cut into (set at the first placement)
+        self._bound = False  # the module's parameters are views of the backend's buffers
+        mark_base_lr(optimizer)
+
+    # ------------------------------------------------------------------ what a backend does differently
+    @abc.abstractmethod
+    def _module_payload(self) -> bytes:
+        """What a worker's set-up builds its module from."""
+
+    @abc.abstractmethod
+    def _bind(self) -> None:
+        """Set up the client's flat weights (``self.flat``, ``self.grads``) and ``self._buffers``."""
+
+    @abc.abstractmethod
+    def update(self) -> dict:
+        """One model update; returns its record for the history."""
+
+    @abc.abstractmethod
+    def sync(self) -> None:
+        """Bring the client's module and optimizer up to date (a checkpoint mid-epoch is next)."""
+
+    # ------------------------------------------------------------------ the workers
     @property
     def workers(self) -> list[str]:
         """The workers taking part now, in rank order."""
+        return self.members.workers
 
+    @property
+    def policy(self) -> cl.ClusterPolicy:
+        """The cluster policy in force (the estimator's, without scaling when the damper follows the workers)."""
+        return self.members.policy
+
+    # ------------------------------------------------------------------ set-up
     def __enter__(self) -> Self:
-        """Acquire the workers, channels and memory the fit needs (all released if this raises)."""
+        """Acquire everything the fit needs; on any failure release what was acquired, then raise."""
+        self._stack = contextlib.ExitStack()
+        try:
+            self._acquire(self._stack)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
 
     def __exit__(self, *exc) -> None:
         """Release everything acquired."""
+        self._stack.close()
 
-    def sync(self) -> None:
-        """Bring the client's module and optimizer up to date (a checkpoint mid-epoch is next).
+    def _acquire(self, stack: contextlib.ExitStack) -> None:
+        """Each resource is registered for release as soon as it is held (last in, first out)."""
+        self._payload = self._module_payload()
+        if isinstance(self.data, DatasetData):
+            self._dataset_payload = self.data.payload(self.loop.seed)
+        n_weights = sum(p.numel() for p in trainable(self.module))
+        self._shared = SharedBuffers.create(n_weights, dask.config.get("adadamp.shm-dir", shm.DEFAULT_DIR))
+        if self._shared is not None:
+            stack.callback(self._shared.close)
+            if isinstance(self.data, ArrayData) and torch.device(self.device).type == "cpu":
+                self._shared.share_data(X=self.data.X, y=self.data.y)
+        self._bind()
+        stack.callback(self._own_storage)
+        transport = Transport(
+            self.client,
+            self.fit_id,
+            self._shared,
+            self._policy.update_timeout,
+            n_weights=n_weights,
+            n_buffers=sum(b.numel() for b in self._buffers),
+        )
+        self.members = Membership(
+            self.client, self._policy, transport, setup=self._setup_kwargs, place=self._place,
+            n_updates=lambda: self.loop.n_updates,
+        )
+        if self._policy.shared:  # as many workers as on a cluster of its own (the embedded one's start)
+            self.members.limit = self._policy.first_workers(self.damper.forecast_batch_size(self.loop.epoch))
+        self.transport = transport
+        self.client.register_plugin(TrainerPlugin(), name=TrainerPlugin.name)
+        stack.callback(self.members.release)
+        watcher = self.members.watch()
+        stack.callback(watcher.cancel)
+        self.members.refresh(force=True)
+        self._suspended = contextlib.ExitStack()  # what suspend() undoes: the client's torch threads
+        stack.callback(lambda: self._suspended.close())
+        self._single_threaded(self._suspended)
+        self._size_cluster()
 
-        The parameter server's always are; the all-reduce backend's replicas hold the
-        weights, and ``run_epoch`` returns with the client's copy up to date."""
+    def _single_threaded(self, stack: contextlib.ExitStack) -> None:
+        if self._shared is not None and self._shared.gradients:
+            # Workers share this machine: the client's intra-op threads would only compete with
+            # them (OpenMP threads spin after every parallel region), so step single-threaded.
+            stack.callback(torch.set_num_threads, torch.get_num_threads())
+            torch.set_num_threads(1)
 
+    def _size_cluster(self) -> None:
+        """The cluster policy of this damper, and the cluster sized for its first batch."""
+        self.members.policy = self._policy
+        if self._policy.scale and self.damper.follows_workers:
+            self.members.policy = dataclasses.replace(self._policy, scale=False)  # B follows W: never size W from B
+        batch = self.damper.forecast_batch_size(self.loop.epoch)  # None: the first update sizes the cluster
+        if self.policy.scale and batch:
+            self.members.scale_to(self.policy.wanted(int(batch)))
+
+    def _setup_kwargs(self, worker: str) -> dict:
+        """A worker's set-up RPC: the module and criterion, and its shared-memory offer (made now)."""
+        kwargs = {"fit_id": self.fit_id, "payload": self._payload, "n_total": len(self.data)}
+        kwargs["channel"] = channels_enabled() and tcp_host(worker) is not None
+        if self._shared is not None:
+            kwargs["shared"] = self._shared.offer(worker)
+        if isinstance(self.data, DatasetData):
+            kwargs["dataset"] = self._dataset_payload
+        return kwargs
+
+    # ------------------------------------------------------------------ warm sessions
     def suspend(self) -> None:
-        """End one call but keep the workers, their data and the connections for the next call on
-        the same data (``partial_fit``, :class:`~adadamp.engine.session.KeptBackend`)."""
+        """End one call but keep the workers, their data and the channels for the next call on
+        the same data (``partial_fit``, :class:`~adadamp.engine.session.KeptBackend`): only the
+        module gets its own storage back."""
+        self._own_storage()
+        self._suspended.close()  # the client's torch threads, as they were
 
     def resume(self, *, module, optimizer, damper, loop: LoopState) -> None:
-        """Train ``module`` (the same architecture as the last call's) with ``optimizer``, ``damper``
-        and the clock ``loop`` next, on the workers and data already in place."""
+        """Train ``module`` (a copy of the last call's model, the same architecture) next, with
+        ``optimizer``, ``damper`` and ``loop``, on the workers and data already in place."""
+        self.module, self.optimizer, self.damper, self.loop = module, optimizer, damper, loop
+        self.sampler = Sampler(loop)
+        mark_base_lr(optimizer)
+        self._bind()
+        self._suspended = contextlib.ExitStack()
+        self._single_threaded(self._suspended)
+        self._size_cluster()
 
+    def _own_storage(self) -> None:
+        """Give the parameters their own storage again, so the module pickles compactly and
+        outlives the flat (possibly shared-memory) buffer."""
+        if not self._bound:
+            return
+        for p in self.module.parameters():
+            p.data = p.data.clone()
+            p.grad = None
+        self._bound = False
+
+    # ------------------------------------------------------------------ placement
+    def _place(self, new_workers: list[str]) -> dict[str, BaseException]:
+        """Give every worker a fair share of the data blocks, moving as few as possible.
+
+        Returns the workers that were lost while taking their blocks (other errors raise).
+        """
+        preferred = self.data.preferred(self.placement)  # where Dask holds a block already (dask data)
+        n_shards = self._placement_shards(new_workers)
+        shard_of, holder, add, drop = plan_moves(self.placement.names(self.workers), new_workers, n_shards, preferred)
+        self._check_memory([holder[g] for g in shard_of], new_workers)
+        timeout = max(60.0, self.policy.update_timeout)
+        failed = self.data.move(self.transport, self.placement, add, drop, timeout)
+        self._placed = True
+        self.placement.assign(shard_of, holder, new_workers)
+        sizes = sorted(int(c) for c in np.bincount(self.placement.owner, minlength=len(new_workers)))
+        logger.info("workers: %d, shards: %d, blocks per worker: %s", len(new_workers), n_shards, sizes)
+        return failed
+
+    def _placement_shards(self, new_workers: list[str]) -> int:
+        """The shards of a placement on ``new_workers``: the fit's (a lost worker's shards go to the
+        others); only the first placement and :meth:`_reshard`, between updates, set them."""
+        if not self.n_shards:
+            self.n_shards = self._target_shards(workers=new_workers)
+        return self.n_shards
+
+    def _target_shards(self, batch_size: int | None = None, workers: list[str] | None = None) -> int:
+        """The shards an update of ``batch_size`` examples is cut into.
+
+        Scaling the cluster: the workers the policy wants for the batch (the schedule decides, not
+        the workers that came).  Otherwise the most workers this fit has had, or that the client's
+        cluster plans (workers restarting included): never fewer when workers are lost, so a lost
+        worker changes no update; more only when more workers take part than there are shards.
+        """
+        workers = self.workers if workers is None else workers
+        if self.policy.scale:
+            batch = batch_size or self.damper.forecast_batch_size(self.loop.epoch)
+            if batch:
+                return self.policy.wanted(int(batch))
+        return max(self.n_shards or 0, len(workers), self.members.planned(), 1)
+
+    def _reshard(self, batch_size: int) -> None:
+        """Cut the coming updates into the shards :meth:`_target_shards` names (between updates only)."""
+        n_shards = self._target_shards(batch_size)
+        if n_shards != self.n_shards and self.workers:
+            logger.info("update %d: %d shards (were %s)", self.loop.n_updates, n_shards, self.n_shards)
+            self.n_shards = n_shards
+            self.members.replace()
+
+    def _check_memory(self, owner: list[str], workers: list[str]) -> None:
+        """Refuse a fit's first placement when it gives a worker more examples than its
+        ``memory_limit`` holds, before any block moves (a worker over its limit dies, restarts and
+        dies again).  Later placements (a cluster that shrank), and a first one on a cluster that
+        may still grow for the fit, only warn: the fit keeps its weights and may go on."""
+        if isinstance(self.data, DatasetData):  # read example by example: nothing is placed
+            return
+        X, y = self.data.X, self.data.y
+        per_example = sum(math.prod(a.shape[1:]) * np.dtype(a.dtype).itemsize for a in (X, y))
+        examples = dict.fromkeys(workers, 0)
+        for b, w in enumerate(owner):
+            examples[w] += len(self.placement.rows(b))
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        for w in workers:
+            limit = info.get(w, {}).get("memory_limit") or 0  # 0: no limit
+            needed = examples[w] * per_example
+            if limit and needed > limit:
+                error = ValueError(
+                    f"The training data needs {format_bytes(needed)} per worker on {len(workers)} worker(s) "
+                    f"({examples[w]} examples of {per_example} bytes on {w}), more than its memory_limit "
+                    f"of {format_bytes(limit)}. Use more workers, workers with a larger "
+                    "memory_limit, or pass a torch Dataset as X (read example by example, never held whole)."
+                )
+                may_grow = self.policy.scale and len(workers) < self.policy.max_workers
+                if getattr(self, "_placed", False) or may_grow:
+                    logger.warning("%s", error)
+                    return
+                raise error
+
+    # ------------------------------------------------------------------ one update
+    def _next_batch(self) -> Batch:
+        """Look at the workers, ask the damper for the batch size (and size the cluster for it),
+        and draw the batch's examples."""
+        self.members.refresh()
+        state = self.loop.train_state(len(self.workers))
+        batch_size = int(self.damper.next_batch_size(state))
+        if batch_size < 1:
+            raise ValueError(f"{type(self.damper).__name__} asked for batch size {batch_size}; it must be >= 1.")
+        if self.policy.scale:
+            ahead = self.damper.forecast_batch_size(state.epoch + self.policy.prescale_epochs) or 0
+            self.members.scale_for(batch_size, ahead)
+        self._reshard(batch_size)
+        epoch = self.loop.data_epoch
+        idx = self.sampler.take(batch_size)
+        ahead = None
+        if isinstance(self.data, DatasetData):  # the next batches, if they are as large: loaded meanwhile
+            ahead = self.sampler.peek(batch_size, PREFETCH_BATCHES)[: self.loop.n_data]
+        need = self.damper.stats_level()
+        n_chunks = 2 if need == "chunks" else 1  # "norm" is computed from the summed gradient
+        return Batch(state, idx, epoch, ahead, need, n_chunks)
+
+    def _in_rounds(self, run: Callable[[int], tuple[T | None, list[str]]], failure: str) -> T:
+        """Run rounds of requests until one loses no worker; ``run(k)`` runs round ``k`` and returns
+        its result, or None and the workers it lost, which are left out before the next round
+        (whose requests recompute what they owed).  After ``1 + MAX_RECOMPUTES`` rounds in a row
+        that lost workers, raise :class:`NoWorkersError` with ``failure``."""
+        for k in range(1 + MAX_RECOMPUTES):
+            if not self.workers:
+                self.members.refresh(force=True)
+            result, lost = run(k)
+            if result is not None:
+                return result
+            self.members.refresh(force=True, lost=tuple(lost))
+        raise NoWorkersError(failure)
+
+    def _triage(self, workers: list[str], replies: list, collectives: bool = False) -> tuple[list[int], list[int]]:
+        """The positions of a round's replies that lost their worker (dead, or hung: then struck out
+        of the fit) and, with ``collectives``, of those whose collective failed; any other error raises."""
+        lost, broken = [], []
+        for k, (w, r) in enumerate(zip(workers, replies)):
+            if collectives and isinstance(r, CollectiveError):
+                broken.append(k)
+            elif isinstance(r, LOST):
+                lost.append(k)
+                if isinstance(r, TimeoutError):  # alive but hung (or far too slow)
+                    self.members.strike(w, r, out=True)
+            elif isinstance(r, BaseException):
+                raise r
+        return lost, broken
+
+    def _diverged(self, loss: float, batch_size: int) -> ConvergenceError:
+        return ConvergenceError(
+            f"Non-finite training loss ({loss}) at model update {self.loop.n_updates} with batch "
+            f"size {batch_size}. The estimator keeps the last finite weights; lower the learning "
+            "rate (optimizer__lr) or the batch-size growth."
+        )
+
+    def _record(self, n, lr, loss, total: Totals, t_start, t_sent, t_back, t_agg, t_step) -> dict:
+        """The update's row of ``history_`` from its clock readings."""
+        round_trip = t_back - t_sent
+        digests = {}
+        if dask.config.get("adadamp.debug.digests", False):  # what the update used, and where it stepped to
+            weights = hashlib.blake2b(self.flat.numpy().tobytes(), digest_size=8).digest()
+            digests = {"examples_digest": total.digest, "weights_digest": int.from_bytes(weights, "little")}
+        return UpdateRecord(
+            batch_size=int(n),
+            lr=lr,
+            n_workers=len(set(self.placement.holder.tolist())),  # the workers holding shards
+            loss=loss,
+            compute_time=total.compute,
+            comm_time=max(0.0, round_trip - total.compute),
+            send_time=total.send,
+            aggregate_time=t_agg - t_back,
+            step_time=t_step - t_agg,
+            update_time=t_step - t_start,
+            sent_bytes=self.transport.round_bytes[0],
+            received_bytes=self.transport.round_bytes[1],
+            **digests,
+        ).row()
+
+    # ------------------------------------------------------------------ epochs
     def run_epoch(self, updates: list[dict] | None = None, on_update: Callable[[list[dict]], None] | None = None) -> dict:
         """Model updates until the epoch clock passes the next whole epoch; returns the epoch's row.
 
         ``updates`` holds the records of this epoch's earlier updates when resuming mid-epoch;
         ``on_update(updates)`` runs after every update.
         """
+        start = time.perf_counter()
+        lp = self.loop
+        target = lp.epoch_end()
+        updates = list(updates or [])
+        earlier = sum(u["update_time"] for u in updates)
+        self._run_updates(updates, on_update, target)
+        return epoch_row(
+            round(target / lp.n_data), updates, lp.n_updates, lp.n_samples_seen, earlier + time.perf_counter() - start
+        )
+
+    def _run_updates(self, updates: list[dict], on_update, end: float) -> None:
+        """The epoch's updates, appended to ``updates``."""
+        run_epoch(self.loop, self.update, updates, on_update, end)
