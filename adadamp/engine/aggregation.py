@@ -31,6 +31,7 @@ class Totals:
     send: float = 0.0  # seconds spent writing the requests
     buffers: np.ndarray | None = None  # running statistics weighted by examples (BatchNorm)
     digest: int = 0  # records.examples_digest of the examples summed
+    grad_sq_norm: float | None = None  # of the mean gradient, where the workers computed it (all-reduce)
 
 
 class GradientSum:

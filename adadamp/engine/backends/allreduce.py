@@ -53,7 +53,7 @@ import torch
 from distributed import Client
 from distributed.protocol import to_serialize
 
-from ...dampers import BaseDamper, GradStats
+from ...dampers import BaseDamper
 from ...dampers.clock import LoopState, Sampler
 from ...dampers.epoch import run_epoch
 from ...exceptions import CollectiveError, NoWorkersError, StopTraining
@@ -63,7 +63,7 @@ from ...wire.parameters import flatten_parameters, float_buffers
 from ...worker.replica import ABORT, dump_state, load_state, step_vector
 from ..aggregation import Totals
 from ..transport import LOST
-from .base import MAX_RECOMPUTES, Backend, dropout_seed
+from .base import MAX_RECOMPUTES, Backend, Batch, dropout_seed
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class AllReduce(Backend):
         self.generation = 0
         self._group: list[str] | None = None  # the workers of the current generation (rank order: self.workers)
         self._current: set[str] = set()  # workers whose replica holds the fit's latest state
-        self._step: tuple[int, float, list[float]] | None = None  # the step the replicas owe
+        self._step_owed: tuple[int, float, list[float]] | None = None  # the step the replicas owe
         self._set_up_at: dict[str, int] = {}  # the update count of the payload each worker was set up from
         self._epoch_updates: list | None = None  # the running epoch's update records (run_epoch's list)
 
@@ -208,7 +208,7 @@ class AllReduce(Backend):
         replies = self.client.sync(self._form, calls, self.transport.timeout)
         dead, broken = self._triage(order, replies, collectives=True)  # the hung are left out, as in an update
         if not dead and not broken:
-            self._group, self._current, self._step = workers, set(workers), None
+            self._group, self._current, self._step_owed = workers, set(workers), None
             logger.info("all-reduce group %d formed: %d workers in %.3f s", self.generation, len(order),
                         time.perf_counter() - t0)
             return True, []
@@ -254,9 +254,9 @@ class AllReduce(Backend):
             self.members.refresh(force=True, lost=lost)
 
     def _step_vector(self, update: int) -> np.ndarray | None:
-        if self._step is None:
+        if self._step_owed is None:
             return None if update < 0 else step_vector(self.generation, update, -1, 1.0, [])
-        step_of, scale, settings = self._step
+        step_of, scale, settings = self._step_owed
         return step_vector(self.generation, update, step_of, scale, settings)
 
     # ------------------------------------------------------------------ commits
@@ -275,13 +275,13 @@ class AllReduce(Backend):
         self.loop.__dict__.update(copy.copy(self._commit.loop).__dict__)
         self.damper.__dict__.update(copy.deepcopy(self._commit.damper).__dict__)
         self.sampler = Sampler(self.loop)
-        self._step = None
+        self._step_owed = None
 
     def sync(self, take_step: bool = True) -> None:
         """Take the pending step on every replica and load rank 0's state into the client's module
         and optimizer (``take_step=False``: drop the pending gradient instead: it was not finite)."""
         if not take_step:
-            self._step = None
+            self._step_owed = None
         step = self._step_vector(-1)
         candidates = [w for w in self.workers if w in self._current]
         while candidates:
@@ -298,22 +298,22 @@ class AllReduce(Backend):
             good = by_worker[source]
             if not isinstance(good, BaseException):
                 load_state(good["state"], self.flat, self._buffers, self.optimizer, keep_groups=True)
-                self._step = None
+                self._step_owed = None
                 if self._epoch_updates is not None and self.loop.n_updates != self._commit.loop.n_updates:
                     self._set_commit(len(self._epoch_updates))  # the client's copy is at this update now
                 if lost:
                     self.members.refresh(force=True, lost=tuple(lost))
                 return
             candidates = [w for w in candidates if w in self._current]
-        if self._step is not None or self.loop.n_updates != self._commit.loop.n_updates:
+        if self._step_owed is not None or self.loop.n_updates != self._commit.loop.n_updates:
             raise NoWorkersError("every replica was lost before the client's copy could be brought up to date")
 
     # ------------------------------------------------------------------ training
-    def _reduce(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None) -> tuple[Totals, float]:
-        """One update's round on the replicas; returns the batch's totals and the squared norm of
+    def _reduce(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None) -> Totals:
+        """One update's round on the replicas; returns the batch's totals, with the squared norm of
         its mean gradient.  A lost worker: the next generation recomputes the update."""
 
-        def one_round(_k: int) -> tuple[tuple[Totals, float] | None, list[str]]:
+        def one_round(_k: int) -> tuple[Totals | None, list[str]]:
             self._ensure_group()
             lp = self.loop
             mine: dict[int, list] = {}  # each member's shards of the batch, in shard order
@@ -340,8 +340,9 @@ class AllReduce(Backend):
                 r = replied[0]  # every member holds the same all-reduced totals
                 totals.n, totals.weight, totals.loss_sum = r.n, r.weight, r.loss_sum
                 totals.chunk_sq_norm_sum, totals.n_chunks = r.chunk_sq_norm_sum, r.n_chunks
-                self._step = None
-                return (totals, r.grad_sq_norm), []
+                totals.grad_sq_norm = r.grad_sq_norm
+                self._step_owed = None
+                return totals, []
             lost, broken = [requests[k].worker for k in dead], [requests[k].worker for k in failed]
             logger.warning("update %d: lost %s, collective failed on %s; re-forming the group and recomputing",
                            lp.n_updates, lost, broken)
@@ -353,33 +354,25 @@ class AllReduce(Backend):
             f"update {self.loop.n_updates} failed in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
         ))
 
-    def update(self) -> dict:
-        """One model update; returns its record for the history."""
-        t_start = time.perf_counter()
-        batch = self._next_batch()
-        t_sent = time.perf_counter()
-        total, sq_norm = self._reduce(batch.idx, batch.n_chunks, batch.epoch, batch.ahead)
-        t_back = time.perf_counter()
-        n, weight = total.n, total.weight
-        loss = total.loss_sum / weight
-        if not math.isfinite(loss) or not math.isfinite(sq_norm):
-            self.sync(take_step=False)  # the replicas hold the last finite weights
-            raise self._diverged(loss, len(batch.idx))
-        stats = None
-        if batch.need is not None:
-            stats = GradStats(
-                n_samples=int(n),
-                grad_sq_norm=sq_norm * (weight / n) ** 2,  # per example: the mean of the workers' sums
-                chunk_sq_norm_sum=float(total.chunk_sq_norm_sum),
-                n_chunks=int(total.n_chunks),
-            )
-        plan = self.damper.plan_update(batch.state, int(n), stats)
+    def _gradient_round(self, batch: Batch) -> Totals:
+        """The batch's mean gradient, all-reduced and kept pending on the replicas."""
+        return self._reduce(batch.idx, batch.n_chunks, batch.epoch, batch.ahead)
+
+    def _finite(self, loss: float, total: Totals) -> bool:
+        return math.isfinite(loss) and math.isfinite(total.grad_sq_norm)
+
+    def _keep_last_finite(self) -> None:
+        self.sync(take_step=False)  # the replicas hold the last finite weights
+
+    def _grad_sq_norm(self, total: Totals) -> float:
+        return total.grad_sq_norm * (total.weight / total.n) ** 2  # per example: the mean of the workers' sums
+
+    def _step(self, plan) -> float:
+        """Hand the step to the replicas: they take it with the next request (it is in their
+        compute time)."""
         lr = apply_plan(self.optimizer, plan, scale_buffers=False)  # the replicas scale their own
-        self._step = (self.loop.n_updates, float(plan.momentum_buffer_scale), group_settings(self.optimizer))
-        self.loop.advance(n, plan.progress, loss)
-        t_end = time.perf_counter()
-        # the step is taken by the replicas with the next request: it is in their compute time
-        return self._record(n, lr, loss, total, t_start, t_sent, t_back, t_end, t_end)
+        self._step_owed = (self.loop.n_updates, float(plan.momentum_buffer_scale), group_settings(self.optimizer))
+        return lr
 
     def _run_updates(self, updates: list[dict], on_update, end: float) -> None:
         """The epoch's updates; the client's module is up to date when it returns (also when a

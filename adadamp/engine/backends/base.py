@@ -30,7 +30,7 @@ from dask.utils import format_bytes
 from distributed import Client
 
 from ... import cluster as cl
-from ...dampers import BaseDamper, TrainState
+from ...dampers import BaseDamper, GradStats, TrainState
 from ...dampers.clock import LoopState, Sampler
 from ...dampers.epoch import run_epoch
 from ...exceptions import CollectiveError, ConvergenceError, NoWorkersError
@@ -153,8 +153,25 @@ class Backend(abc.ABC):
         """Set up the client's flat weights (``self.flat``, ``self.grads``) and ``self._buffers``."""
 
     @abc.abstractmethod
-    def update(self) -> dict:
-        """One model update; returns its record for the history."""
+    def _gradient_round(self, batch: Batch) -> Totals:
+        """The batch's gradient, computed on the workers (lost shares recomputed) and averaged;
+        returns the batch's totals."""
+
+    @abc.abstractmethod
+    def _finite(self, loss: float, total: Totals) -> bool:
+        """Whether the update's loss and mean gradient are finite."""
+
+    @abc.abstractmethod
+    def _keep_last_finite(self) -> None:
+        """Go back to the weights before the update whose loss or gradient was not finite."""
+
+    @abc.abstractmethod
+    def _grad_sq_norm(self, total: Totals) -> float:
+        """The squared norm of the mean gradient per example (the damper's statistics)."""
+
+    @abc.abstractmethod
+    def _step(self, plan) -> float:
+        """Take (or hand on) the step ``plan`` describes; returns the learning rate."""
 
     @abc.abstractmethod
     def sync(self) -> None:
@@ -406,6 +423,33 @@ class Backend(abc.ABC):
             elif isinstance(r, BaseException):
                 raise r
         return lost, broken
+
+    def update(self) -> dict:
+        """One model update; returns its record for the history."""
+        t_start = time.perf_counter()
+        batch = self._next_batch()
+        t_sent = time.perf_counter()
+        total = self._gradient_round(batch)
+        t_back = time.perf_counter()
+        n = total.n
+        loss = total.loss_sum / total.weight  # weight = n unless the criterion's mean is class-weighted
+        if not self._finite(loss, total):
+            self._keep_last_finite()
+            raise self._diverged(loss, len(batch.idx))
+        stats = None
+        if batch.need is not None:
+            stats = GradStats(
+                n_samples=int(n),
+                grad_sq_norm=self._grad_sq_norm(total),
+                chunk_sq_norm_sum=float(total.chunk_sq_norm_sum),
+                n_chunks=int(total.n_chunks),
+            )
+        plan = self.damper.plan_update(batch.state, int(n), stats)
+        t_agg = time.perf_counter()
+        lr = self._step(plan)
+        t_step = time.perf_counter()
+        self.loop.advance(n, plan.progress, loss)
+        return self._record(n, lr, loss, total, t_start, t_sent, t_back, t_agg, t_step)
 
     def _diverged(self, loss: float, batch_size: int) -> ConvergenceError:
         return ConvergenceError(

@@ -26,19 +26,17 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import Counter
 
 import cloudpickle
 import numpy as np
 import torch
 
-from ...dampers import GradStats
 from ...records import ShareRequest
 from ...wire.optimizer_plan import apply_plan
 from ...wire.parameters import bind_parameters, flatten_parameters, float_buffers
 from ..aggregation import GradientSum, Totals
-from .base import MAX_RECOMPUTES, Backend, dropout_seed
+from .base import MAX_RECOMPUTES, Backend, Batch, dropout_seed
 
 logger = logging.getLogger(__name__)
 
@@ -127,45 +125,34 @@ class ParameterServer(Backend):
             f"update {self.loop.n_updates} lost a share in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
         ))
 
-    def update(self) -> dict:
-        """One model update; returns its record for the history."""
-        t_start = time.perf_counter()
-        batch = self._next_batch()
-        t_sent = time.perf_counter()
+    def _gradient_round(self, batch: Batch) -> Totals:
+        """The shards' gradient sums added into ``self.grads_np``, then divided once; the running
+        statistics set to the workers' example-weighted mean."""
         total = self._gradients(batch.idx, batch.n_chunks, batch.epoch, batch.ahead)
-        t_back = time.perf_counter()
-
-        n = total.n
-        weight = total.weight  # = n unless the criterion's mean is class-weighted
-        loss = total.loss_sum / weight
         if total.buffers is not None:
-            self._set_buffers(total.buffers / n)
+            self._set_buffers(total.buffers / total.n)
         with np.errstate(invalid="ignore", over="ignore"):
-            self.grads_np *= 1.0 / weight
-        if not math.isfinite(loss) or not np.isfinite(self.grads_np).all():
-            self.flat.copy_(self._backups[1 - self._current])
-            raise self._diverged(loss, len(batch.idx))
-        stats = None
-        if batch.need is not None:
-            g64 = self.grads_np.astype(np.float64)
-            if weight != n:  # the statistics are per example: the mean of the workers' sums
-                g64 *= weight / n
-            stats = GradStats(
-                n_samples=int(n),
-                grad_sq_norm=float(g64 @ g64),
-                chunk_sq_norm_sum=float(total.chunk_sq_norm_sum),
-                n_chunks=int(total.n_chunks),
-            )
-        plan = self.damper.plan_update(batch.state, int(n), stats)
-        t_agg = time.perf_counter()
+            self.grads_np *= 1.0 / total.weight
+        return total
 
+    def _finite(self, loss: float, total: Totals) -> bool:
+        return math.isfinite(loss) and bool(np.isfinite(self.grads_np).all())
+
+    def _keep_last_finite(self) -> None:
+        self.flat.copy_(self._backups[1 - self._current])
+
+    def _grad_sq_norm(self, total: Totals) -> float:
+        g64 = self.grads_np.astype(np.float64)
+        if total.weight != total.n:  # the statistics are per example: the mean of the workers' sums
+            g64 *= total.weight / total.n
+        return float(g64 @ g64)
+
+    def _step(self, plan) -> float:
+        """The client steps."""
         self._current = 1 - self._current
         lr = apply_plan(self.optimizer, plan)
         self.optimizer.step()
-        t_step = time.perf_counter()
-
-        self.loop.advance(n, plan.progress, loss)
-        return self._record(n, lr, loss, total, t_start, t_sent, t_back, t_agg, t_step)
+        return lr
 
     def sync(self) -> None:
         """Bring the client's module and optimizer up to date: they always are here (the client steps)."""
