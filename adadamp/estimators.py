@@ -113,6 +113,8 @@ class BaseDaskEstimator(BaseEstimator):
         the workers with ``torch.distributed`` (gloo; NCCL on CUDA) and the
         client sends and receives only a few numbers per update (best for large
         models and many workers).  Same data order, dampers and elasticity.
+        Other names: backends registered with
+        :func:`adadamp.engine.backends.register_backend`.
     client : distributed.Client or None, default=None
         The cluster to train on.  None uses the active client if there is
         one, else the embedded cluster: one LocalCluster per process, which
