@@ -63,7 +63,8 @@ from ...wire.parameters import flatten_parameters, float_buffers
 from ...worker.replica import ABORT, dump_state, load_state, step_vector
 from ..aggregation import Totals
 from ..transport import LOST
-from .base import MAX_RECOMPUTES, Backend, Batch, dropout_seed
+from .base import Backend, Batch, dropout_seed
+from .rounds import MAX_RECOMPUTES, in_rounds, triage
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +175,8 @@ class AllReduce(Backend):
     # ------------------------------------------------------------------ the group
     def _ensure_group(self) -> None:
         """Form a new generation if the workers changed since the last one."""
-        self._in_rounds(
+        in_rounds(
+            self.members,
             self._form_group,
             f"could not form an all-reduce group in {1 + MAX_RECOMPUTES} tries: workers keep leaving",
         )
@@ -206,7 +208,7 @@ class AllReduce(Backend):
             for rank, w in enumerate(order)
         ]
         replies = self.client.sync(self._form, calls, self.transport.timeout)
-        dead, broken = self._triage(order, replies, collectives=True)  # the hung are left out, as in an update
+        dead, broken = triage(self.members, order, replies, collectives=True)  # the hung left out, as in an update
         if not dead and not broken:
             self._group, self._current, self._step_owed = workers, set(workers), None
             logger.info("all-reduce group %d formed: %d workers in %.3f s", self.generation, len(order),
@@ -335,7 +337,7 @@ class AllReduce(Backend):
                 ))
             totals, replied = Totals(), []
             replies, totals.send = self.transport.round(requests, n_chunks, None, on_reply=_collect(totals, replied))
-            dead, failed = self._triage([q.worker for q in requests], replies, collectives=True)
+            dead, failed = triage(self.members, [q.worker for q in requests], replies, collectives=True)
             if not dead and not failed:
                 r = replied[0]  # every member holds the same all-reduced totals
                 totals.n, totals.weight, totals.loss_sum = r.n, r.weight, r.loss_sum
@@ -350,7 +352,7 @@ class AllReduce(Backend):
             self._group = None
             return None, lost
 
-        return self._in_rounds(one_round, (
+        return in_rounds(self.members, one_round, (
             f"update {self.loop.n_updates} failed in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
         ))
 

@@ -6,7 +6,7 @@ acquires its workers on ``__enter__`` and releases everything on ``__exit__``, w
 Both backends (:mod:`.parameter_server`, :mod:`.allreduce`) share here: the workers taking part
 (:mod:`~adadamp.engine.membership`), the data placed on them in fixed shards
 (:mod:`~adadamp.engine.placement`), each update's batch (the damper names its size, the sampler
-draws its examples), the rounds that recompute what a lost worker owed, the update's record, and
+draws its examples), the update's steps and record, and
 the epoch loop (:func:`adadamp.dampers.epoch.run_epoch`).  Only the update itself differs.
 """
 
@@ -21,7 +21,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from typing import Self, TypeVar
+from typing import Self
 
 import dask
 import numpy as np
@@ -33,7 +33,7 @@ from ... import cluster as cl
 from ...dampers import BaseDamper, GradStats, TrainState
 from ...dampers.clock import LoopState, Sampler
 from ...dampers.epoch import run_epoch
-from ...exceptions import CollectiveError, ConvergenceError, NoWorkersError
+from ...exceptions import ConvergenceError
 from ...records import UpdateRecord, epoch_row
 from ...wire import shm
 from ...wire.channel import tcp_host
@@ -44,20 +44,13 @@ from ..aggregation import Totals
 from ..data import ArrayData, DaskArrayData, DatasetData
 from ..membership import Membership
 from ..placement import plan_moves
-from ..transport import LOST, Transport, channels_enabled
+from ..transport import Transport, channels_enabled
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 #: Batches a lazy Dataset's workers are asked to load ahead: with one, a worker whose loads
 #: finished before the next request idled until it came (measured: 1.25x against 1.1x with two).
 PREFETCH_BATCHES = 2
-
-#: Rounds in a row in which some share of one update is lost before the update is given up: each
-#: round drops the lost workers, so this many means the workers keep dying as fast as they come.
-MAX_RECOMPUTES = 10
-
 
 @dataclasses.dataclass
 class Batch:
@@ -395,35 +388,6 @@ class Backend(abc.ABC):
         n_chunks = 2 if need == "chunks" else 1  # "norm" is computed from the summed gradient
         return Batch(state, idx, epoch, ahead, need, n_chunks)
 
-    def _in_rounds(self, run: Callable[[int], tuple[T | None, list[str]]], failure: str) -> T:
-        """Run rounds of requests until one loses no worker; ``run(k)`` runs round ``k`` and returns
-        its result, or None and the workers it lost, which are left out before the next round
-        (whose requests recompute what they owed).  After ``1 + MAX_RECOMPUTES`` rounds in a row
-        that lost workers, raise :class:`NoWorkersError` with ``failure``."""
-        for k in range(1 + MAX_RECOMPUTES):
-            if not self.workers:
-                self.members.refresh(force=True)
-            result, lost = run(k)
-            if result is not None:
-                return result
-            self.members.refresh(force=True, lost=tuple(lost))
-        raise NoWorkersError(failure)
-
-    def _triage(self, workers: list[str], replies: list, collectives: bool = False) -> tuple[list[int], list[int]]:
-        """The positions of a round's replies that lost their worker (dead, or hung: then struck out
-        of the fit) and, with ``collectives``, of those whose collective failed; any other error raises."""
-        lost, broken = [], []
-        for k, (w, r) in enumerate(zip(workers, replies)):
-            if collectives and isinstance(r, CollectiveError):
-                broken.append(k)
-            elif isinstance(r, LOST):
-                lost.append(k)
-                if isinstance(r, TimeoutError):  # alive but hung (or far too slow)
-                    self.members.strike(w, r, out=True)
-            elif isinstance(r, BaseException):
-                raise r
-        return lost, broken
-
     def update(self) -> dict:
         """One model update; returns its record for the history."""
         t_start = time.perf_counter()
@@ -458,13 +422,21 @@ class Backend(abc.ABC):
             "rate (optimizer__lr) or the batch-size growth."
         )
 
+    def _stepped_weights(self) -> np.ndarray | None:
+        """The weights after the update's step, where the client holds them (``weights_digest``)."""
+        return None
+
     def _record(self, n, lr, loss, total: Totals, t_start, t_sent, t_back, t_agg, t_step) -> dict:
         """The update's row of ``history_`` from its clock readings."""
         round_trip = t_back - t_sent
         digests = {}
         if dask.config.get("adadamp.debug.digests", False):  # what the update used, and where it stepped to
-            weights = hashlib.blake2b(self.flat.numpy().tobytes(), digest_size=8).digest()
-            digests = {"examples_digest": total.digest, "weights_digest": int.from_bytes(weights, "little")}
+            digests["examples_digest"] = total.digest
+            weights = self._stepped_weights()
+            if weights is not None:
+                digests["weights_digest"] = int.from_bytes(
+                    hashlib.blake2b(weights.tobytes(), digest_size=8).digest(), "little"
+                )
         return UpdateRecord(
             batch_size=int(n),
             lr=lr,

@@ -36,7 +36,8 @@ from ...records import ShareRequest
 from ...wire.optimizer_plan import apply_plan
 from ...wire.parameters import bind_parameters, flatten_parameters, float_buffers
 from ..aggregation import GradientSum, Totals
-from .base import MAX_RECOMPUTES, Backend, Batch, dropout_seed
+from .base import Backend, Batch, dropout_seed
+from .rounds import MAX_RECOMPUTES, in_rounds, triage
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class ParameterServer(Backend):
                 requests, n_chunks, self.flat_np, on_reply=add, buffers=buffers
             )
             summed.totals.send += send_time
-            lost, _ = self._triage([q.worker for q in requests], replies)
+            lost, _ = triage(self.members, [q.worker for q in requests], replies)
             todo = {requests[i].shard for i in lost}
             if not todo:
                 return summed.totals, []
@@ -121,7 +122,7 @@ class ParameterServer(Backend):
             logger.warning("lost worker(s) %s during update %d; recomputing their shards", workers, self.loop.n_updates)
             return None, workers
 
-        return self._in_rounds(one_round, (
+        return in_rounds(self.members, one_round, (
             f"update {self.loop.n_updates} lost a share in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
         ))
 
@@ -146,6 +147,9 @@ class ParameterServer(Backend):
         if total.weight != total.n:  # the statistics are per example: the mean of the workers' sums
             g64 *= total.weight / total.n
         return float(g64 @ g64)
+
+    def _stepped_weights(self) -> np.ndarray:
+        return self.flat_np
 
     def _step(self, plan) -> float:
         """The client steps."""
