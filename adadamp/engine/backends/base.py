@@ -6,8 +6,9 @@ acquires its workers on ``__enter__`` and releases everything on ``__exit__``, w
 Both backends (:mod:`.parameter_server`, :mod:`.allreduce`) share here: the workers taking part
 (:mod:`~adadamp.engine.membership`), the data placed on them in fixed shards
 (:mod:`~adadamp.engine.placement`), each update's batch (the damper names its size, the sampler
-draws its examples), the update's steps and record, and
-the epoch loop (:func:`adadamp.dampers.epoch.run_epoch`).  Only the update itself differs.
+draws its examples), the steps of an update and its record, and the epoch loop
+(:func:`adadamp.dampers.epoch.run_epoch`).  Each backend supplies how an update's gradient is
+computed and where the step is taken (the abstract methods).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 #: Batches a lazy Dataset's workers are asked to load ahead: with one, a worker whose loads
 #: finished before the next request idled until it came (measured: 1.25x against 1.1x with two).
 PREFETCH_BATCHES = 2
+
 
 @dataclasses.dataclass
 class Batch:
