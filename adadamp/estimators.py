@@ -39,7 +39,8 @@ from . import building, checkpoint, constraints, dashboard, inference, porting, 
 from . import callbacks as callbacks_mod
 from . import cluster as cl
 from .data import Labels, Values, convert, make_source
-from .engine import AllReduce, LoopState, ParameterServer
+from .engine import Backend, LoopState
+from .engine.backends import backend_names, get_backend
 from .engine.loop import FitLoop
 from .engine.session import KeptBackend
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
@@ -51,8 +52,6 @@ __all__ = ["BaseDaskEstimator", "DaskBaseDamper", "DaskClassifier", "DaskRegress
 
 logger = logging.getLogger(__name__)
 
-#: The ways of training, by the ``backend`` parameter's values.
-BACKENDS = {"parameter-server": ParameterServer, "allreduce": AllReduce}
 
 #: What each parameter takes that the constraint alone does not say.
 _PARAMETER_HINTS = {
@@ -110,6 +109,8 @@ class BaseDaskEstimator(BaseEstimator):
         the workers with ``torch.distributed`` (gloo; NCCL on CUDA) and the
         client sends and receives only a few numbers per update (best for large
         models and many workers).  Same data order, dampers and elasticity.
+        Other names: backends registered with
+        :func:`adadamp.engine.backends.register_backend`.
     client : distributed.Client or None, default=None
         The cluster to train on.  None uses the active client if there is
         one, else the embedded cluster: one LocalCluster per process, which
@@ -216,7 +217,7 @@ class BaseDaskEstimator(BaseEstimator):
         "max_epochs": (constraints.Integer(1),),
         "warm_start": (constraints.Boolean(),),
         "device": (constraints.TorchDevice(),),
-        "backend": (constraints.OneOf(lambda: BACKENDS),),
+        "backend": (constraints.OneOf(backend_names),),
         "grads_per_worker": (constraints.Integer(1),),
         "min_workers": (constraints.Integer(1),),
         "max_workers": (None, constraints.Integer("min_workers")),
@@ -630,9 +631,9 @@ class BaseDaskEstimator(BaseEstimator):
         else:
             backend.__exit__(None, None, None)
 
-    def _backend(self, client, policy, state: TrainingState, data, criterion=None) -> ParameterServer:
+    def _backend(self, client, policy, state: TrainingState, data, criterion=None) -> Backend:
         """The backend of ``self.backend``; ``criterion``: the workers' one, when not the state's."""
-        return BACKENDS[self.backend](
+        return get_backend(self.backend)(
             client,
             module=state.module,
             criterion=state.criterion if criterion is None else criterion,

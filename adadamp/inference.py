@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .inputs import aligned
+from .data.convert import aligned
 
 _ROWS = 4096  # examples per forward pass
 

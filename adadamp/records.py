@@ -61,7 +61,7 @@ class ShareRequest:
     ``ahead`` examples are keys ``data_epoch * n_examples + index``.  ``step`` (all-reduce fits)
     is the update number and the optimizer step the worker applies before computing
     (:mod:`adadamp.worker.replica`).  ``shard`` is the shard of the batch the indices are
-    (:mod:`adadamp.engine.placement`); ``in_reply`` asks a worker that maps shared memory to send
+    (:mod:`adadamp.data.placement`); ``in_reply`` asks a worker that maps shared memory to send
     the gradient in its reply all the same (it computes more than one shard of the update).
     ``parts`` (all-reduce fits): the request holds several shards, one row each, their dropout seed
     and example count; the indices are theirs, concatenated in shard order.

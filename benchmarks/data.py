@@ -224,12 +224,13 @@ def setup(quick: bool) -> list[str]:
     import dask
 
     from adadamp import DaskClassifier
-    from adadamp.engine import parameter_server, session
+    from adadamp.engine import session
+    from adadamp.engine.backends import Backend
 
     wl = WORKLOADS["W1"]
     X, y = wl.data(quick)
     placements, set_ups = [], []
-    place, enter = parameter_server.ParameterServer._place, parameter_server.ParameterServer.__enter__
+    place, enter = Backend._place, Backend.__enter__
 
     def timed_place(self, workers):  # instrumentation: how long placing the data takes
         start = time.perf_counter()
@@ -243,8 +244,8 @@ def setup(quick: bool) -> list[str]:
         set_ups.append(time.perf_counter() - start)
         return out
 
-    parameter_server.ParameterServer._place = timed_place
-    parameter_server.ParameterServer.__enter__ = timed_enter
+    Backend._place = timed_place
+    Backend.__enter__ = timed_enter
     start = time.perf_counter()
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     first_optimizer = time.perf_counter() - start
@@ -278,8 +279,8 @@ def setup(quick: bool) -> list[str]:
             not_kept = partial_fit_overhead(client)
         finally:
             session.KEEP_SECONDS = keep
-    parameter_server.ParameterServer._place = place
-    parameter_server.ParameterServer.__enter__ = enter
+    Backend._place = place
+    Backend.__enter__ = enter
     gib = (X.nbytes + y.nbytes) / 2**30
     warm_setup = statistics.median(w[0] for w in warm)
     shm_enter, shm_place = (statistics.median(w[k] for w in warm) for k in (1, 2))

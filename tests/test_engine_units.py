@@ -1,12 +1,14 @@
-"""The engine's pure parts, without Dask: the sampler, the block placement, the cluster policy and
-the records (each runs in milliseconds)."""
+"""The engine's pure parts, without Dask: the sampler, the block placement, the cluster policy,
+the records, the backends' registry and the shared epoch loop (each runs in milliseconds)."""
 
 import numpy as np
 import pytest
 
 from adadamp.cluster import ClusterPolicy
-from adadamp.engine import LoopState, Sampler
-from adadamp.engine.placement import Placement, plan_moves
+from adadamp.dampers.epoch import run_epoch
+from adadamp.data.placement import Placement, plan_moves
+from adadamp.engine import AllReduce, Backend, LoopState, ParameterServer, Sampler
+from adadamp.engine.backends import backend_names, get_backend, register_backend
 from adadamp.records import UpdateRecord, epoch_row
 
 
@@ -90,3 +92,40 @@ def test_records_make_the_history_rows():
     epoch = epoch_row(3, [row, {**row, "batch_size": 2, "loss": 1.0}], n_updates=12, n_samples_seen=40, dur=1.5)
     assert epoch["train_loss"] == pytest.approx((0.5 * 8 + 1.0 * 2) / 10)
     assert (epoch["epoch"], epoch["batch_size"], epoch["n_updates"]) == (3, 8, 12)
+
+
+def test_the_registry_names_the_backends_and_refuses_other_names():
+    assert get_backend("parameter-server") is ParameterServer and get_backend("allreduce") is AllReduce
+    assert not issubclass(AllReduce, ParameterServer) and issubclass(AllReduce, Backend)
+    with pytest.raises(ValueError, match=r"backend must be one of \['allreduce', 'parameter-server'\]; got 'nope'"):
+        get_backend("nope")
+    with pytest.raises(TypeError, match="subclass of adadamp.engine.backends.Backend"):
+        register_backend("mine", object)
+
+
+def test_a_registered_backend_is_found_by_name():
+    class Mine(ParameterServer):
+        pass
+
+    register_backend("mine", Mine)
+    try:
+        assert get_backend("mine") is Mine and "mine" in backend_names()
+    finally:
+        from adadamp.engine.backends import registry
+
+        registry._BACKENDS.pop("mine")
+
+
+def test_the_epoch_loop_runs_updates_to_the_epochs_end_and_runs_an_undone_one_again():
+    loop, records, seen, undone = LoopState(seed=0, n_data=10), [], [], [False]
+
+    def update():
+        if loop.n_updates == 1 and not undone[0]:  # undone once (the all-reduce backend's roll-back)
+            undone[0] = True
+            return None
+        loop.advance(4)
+        return loop.n_updates
+
+    assert run_epoch(loop, update, records, on_update=lambda r: seen.append(list(r))) == 10
+    assert records == [1, 2, 3] and seen == [[1], [1, 2], [1, 2, 3]]
+    assert (loop.n_updates, loop.n_samples_seen, loop.progress) == (3, 12, 12.0)

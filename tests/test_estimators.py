@@ -269,12 +269,14 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("name,corrupt,match", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_rejected_before_cluster_work(name, corrupt, match, reg_data, monkeypatch):
-    from adadamp import estimators
+    from adadamp import cluster
+    from adadamp.engine import Backend
 
     def no_cluster(*args, **kwargs):
         raise AssertionError("cluster work started before validation")
 
-    monkeypatch.setattr(estimators, "ParameterServer", no_cluster)
+    monkeypatch.setattr(cluster, "training_client", no_cluster)
+    monkeypatch.setattr(Backend, "__init__", no_cluster)
     X, y = corrupt(*reg_data)
     with pytest.raises(ValueError, match=match):
         DaskRegressor().fit(X, y)

@@ -23,8 +23,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("wire: what both sides of the connection use", ("adadamp.wire",)),
     ("worker: what runs inside a Dask worker", ("adadamp.worker",)),
     ("dampers: schedules and their clock", ("adadamp.dampers",)),
-    ("data: inputs become data sources", ("adadamp.data", "adadamp.inputs", "adadamp.inference")),
-    ("engine: the fit loop, backends, cluster", (
+    ("data: inputs become data sources", ("adadamp.data", "adadamp.inference")),
+    ("engine: the fit loop, backends (adadamp.engine.backends), cluster", (
         "adadamp.engine", "adadamp.checkpoint", "adadamp.cluster", "adadamp.embedded",
     )),
     ("integrations and tools", (
@@ -131,4 +131,5 @@ def test_no_import_cycle():
 def test_the_layers_catch_an_upward_import():
     """The check itself: the dampers' simulation once imported the engine's sampler."""
     assert layer_of("adadamp.engine.loop") > layer_of("adadamp.dampers.simulation")
-    assert layer_of("adadamp.worker.gradient") < layer_of("adadamp.engine.parameter_server")
+    assert layer_of("adadamp.worker.gradient") < layer_of("adadamp.engine.backends.parameter_server")
+    assert layer_of("adadamp.dampers.epoch") < layer_of("adadamp.engine.backends.base")  # the shared epoch loop

@@ -3,9 +3,9 @@ data epoch.  The engine trains on it and :func:`~adadamp.dampers.simulate_schedu
 it without a model, so the two count updates alike.
 
 The trajectory must not depend on how many workers there are, or which: so the indices of an
-update come from a permutation seeded by ``(seed, data_epoch)`` alone (the Reproducibility section of docs/guide/clusters.rst),
+update come from a permutation seeded by ``(seed, data_epoch)`` alone (:doc:`/guide/elasticity`),
 and only afterwards are they routed to whoever holds those examples
-(:mod:`adadamp.engine.placement`).  Pure; no Dask.
+(:mod:`adadamp.data.placement`).  Pure; no Dask.
 """
 
 from __future__ import annotations
@@ -52,6 +52,14 @@ class LoopState:
     def in_epoch(self, end: float) -> bool:
         """Whether another update belongs to the epoch ending at ``end`` (rounding of the clock absorbed)."""
         return self.progress < end - 1e-6
+
+    def advance(self, n: int, progress: float | None = None, loss: float | None = None) -> None:
+        """Move the clock past one update of ``n`` examples; ``progress``: the damper's progress of the
+        update in examples (the plan's, AdaScale), ``n`` when None; ``loss``: the update's training loss."""
+        self.n_updates += 1
+        self.n_samples_seen += int(n)
+        self.progress += float(n if progress is None else progress)
+        self.last_loss = loss
 
     def resized(self, n_data: int) -> LoopState:
         """The clock for data of another size (``partial_fit``): it continues in epochs, and a

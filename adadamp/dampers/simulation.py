@@ -6,6 +6,7 @@ from sklearn.base import clone
 
 from .base import BaseDamper
 from .clock import LoopState, Sampler
+from .epoch import run_epoch
 
 
 def simulate_schedule(
@@ -49,31 +50,30 @@ def simulate_schedule(
     d = clone(damper).reset(n_data)
     loop = LoopState(seed=0, n_data=n_data)
     sampler = Sampler(loop)
+
+    def update() -> dict:
+        state = loop.train_state(n_workers)
+        requested = int(d.next_batch_size(state))
+        batch = len(sampler.advance(requested))
+        plan = d.plan_update(state, batch, None)
+        loop.advance(batch, plan.progress)
+        return {
+            "n_updates": state.n_updates,
+            "epoch": state.epoch,
+            "batch_size": batch,
+            "requested": requested,
+            "lr_factor": plan.lr_factor,
+            "momentum": plan.momentum,
+            "momentum_buffer_scale": plan.momentum_buffer_scale,
+            "damping": getattr(d, "damping_", None),
+        }
+
     records: list[dict] = []
     while loop.epoch < max_epochs - 1e-12:
         end = min(loop.epoch_end(), max_epochs * n_data)
         if not loop.in_epoch(end):  # within rounding of the end: the engine's epoch is over
             break
-        while loop.in_epoch(end):  # one epoch, as ParameterServer.run_epoch runs it
-            state = loop.train_state(n_workers)
-            requested = int(d.next_batch_size(state))
-            batch = len(sampler.advance(requested))
-            plan = d.plan_update(state, batch, None)
-            records.append(
-                {
-                    "n_updates": loop.n_updates,
-                    "epoch": state.epoch,
-                    "batch_size": batch,
-                    "requested": requested,
-                    "lr_factor": plan.lr_factor,
-                    "momentum": plan.momentum,
-                    "momentum_buffer_scale": plan.momentum_buffer_scale,
-                    "damping": getattr(d, "damping_", None),
-                }
-            )
-            loop.n_samples_seen += batch
-            loop.progress += batch if plan.progress is None else plan.progress
-            loop.n_updates += 1
+        run_epoch(loop, update, records, end=end)  # one epoch, as the engine's backends run it
     return records
 
 

@@ -2,7 +2,8 @@
 
 Each worker returns the gradient SUM over one shard of the batch (and the example count, the loss
 sum and the statistics the damper asked for); the client adds the shards in shard order as they
-come in and divides once, by the batch's total, when the round is complete.
+come in and divides once, by the batch's total, when the round is complete (Holt & Sievert 2021,
+"Architecture", steps 3-4: the master aggregates the workers' gradients and updates the model).
 Float addition is not associative, so the order is fixed by the shards and never by the workers:
 the same batch gives bitwise the same sum whichever workers, and how many, computed it (issue 27).
 """
@@ -31,6 +32,7 @@ class Totals:
     send: float = 0.0  # seconds spent writing the requests
     buffers: np.ndarray | None = None  # running statistics weighted by examples (BatchNorm)
     digest: int = 0  # records.examples_digest of the examples summed
+    grad_sq_norm: float | None = None  # of the mean gradient, where the workers computed it (all-reduce)
 
 
 class GradientSum:

@@ -21,7 +21,7 @@ from distributed import Client
 from .. import checkpoint as checkpoint_mod
 from ..exceptions import StopTraining
 from ..records import TrainingState
-from .backend import Backend
+from .backends.base import Backend
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ FIRST_ESTIMATE = (5, 10.0)
 
 
 class FitLoop:
-    """Runs ``epochs`` epochs of ``state`` on a backend (a :class:`~adadamp.engine.ParameterServer`).
+    """Runs ``epochs`` epochs of ``state`` on a backend (a :class:`~adadamp.engine.Backend`).
 
     ``checkpoint`` (a path or None) is written after every epoch and every ``checkpoint_every``
     updates; ``valid`` is ``(X, y)`` held out for ``valid_loss``; ``verbose`` prints the live page's

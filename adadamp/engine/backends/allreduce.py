@@ -18,8 +18,8 @@ The client holds no weights during an epoch: its module is brought up to date (t
 taken, rank 0's state fetched) at the end of every epoch, for a checkpoint, and when the fit
 ends.  That state is also the *commit* a group falls back to when no replica is left.
 
-Membership (Holt & Sievert name the decentralized version as the next step; the group pattern
-is torchft's, scale-anchors §1): when the workers change, the next update first forms a new
+Membership (Holt & Sievert 2021, "Future work", name the decentralized version as the next step;
+the group pattern is torchft's, :doc:`/guide/backends`): when the workers change, the next update first forms a new
 group (a new generation, with its own rendezvous keys in the scheduler, reached over Dask's
 comm: :class:`~adadamp.worker.replica.SchedulerStore`), whose rank 0 is a replica of the last
 generation and broadcasts its state to the joiners.  A worker lost inside a collective makes the
@@ -53,16 +53,18 @@ import torch
 from distributed import Client
 from distributed.protocol import to_serialize
 
-from ..dampers import BaseDamper, GradStats
-from ..dampers.clock import LoopState, Sampler
-from ..exceptions import CollectiveError, NoWorkersError, StopTraining
-from ..records import ShareRequest, epoch_row
-from ..wire.optimizer_plan import apply_plan, group_settings
-from ..wire.parameters import flatten_parameters, float_buffers
-from ..worker.replica import ABORT, dump_state, load_state, step_vector
-from .aggregation import Totals
-from .parameter_server import MAX_RECOMPUTES, ParameterServer, dropout_seed
-from .transport import LOST
+from ...dampers import BaseDamper
+from ...dampers.clock import LoopState, Sampler
+from ...dampers.epoch import run_epoch
+from ...exceptions import CollectiveError, NoWorkersError, StopTraining
+from ...records import ShareRequest
+from ...wire.optimizer_plan import apply_plan, group_settings
+from ...wire.parameters import flatten_parameters, float_buffers
+from ...worker.replica import ABORT, dump_state, load_state, step_vector
+from ..aggregation import Totals
+from ..transport import LOST
+from .base import Backend, Batch, dropout_seed
+from .rounds import MAX_RECOMPUTES, in_rounds, triage
 
 logger = logging.getLogger(__name__)
 
@@ -121,11 +123,12 @@ class RolledBack(Exception):
     """No replica was left: the epoch continues from the client's committed state."""
 
 
-class AllReduce(ParameterServer):
+class AllReduce(Backend):
     """Trains ``module`` on replicas held by the workers of ``client`` (see the module docstring).
 
     The same constructor, context manager, data placement and membership as
-    :class:`~adadamp.engine.ParameterServer`; only the update differs.
+    :class:`~adadamp.engine.ParameterServer` (:class:`~adadamp.engine.backends.base.Backend`);
+    only the update differs.
     """
 
     def __init__(self, *args, **kwargs):
@@ -133,7 +136,7 @@ class AllReduce(ParameterServer):
         self.generation = 0
         self._group: list[str] | None = None  # the workers of the current generation (rank order: self.workers)
         self._current: set[str] = set()  # workers whose replica holds the fit's latest state
-        self._step: tuple[int, float, list[float]] | None = None  # the step the replicas owe
+        self._step_owed: tuple[int, float, list[float]] | None = None  # the step the replicas owe
         self._set_up_at: dict[str, int] = {}  # the update count of the payload each worker was set up from
         self._epoch_updates: list | None = None  # the running epoch's update records (run_epoch's list)
 
@@ -172,50 +175,49 @@ class AllReduce(ParameterServer):
     # ------------------------------------------------------------------ the group
     def _ensure_group(self) -> None:
         """Form a new generation if the workers changed since the last one."""
-        for _attempt in range(1 + MAX_RECOMPUTES):
-            if not self.workers:
-                self.members.refresh(force=True)
-            if self._group == self.workers:
-                return
-            workers = list(self.workers)
-            current = [w for w in workers if w in self._current]
-            restore = None
-            if not current:
-                if self.loop.n_updates != self._commit.loop.n_updates:
-                    self._roll_back()
-                    raise RolledBack
-                if self._set_up_at.get(workers[0]) != self.loop.n_updates:
-                    restore = self._client_state()
-            # group rank 0 is a replica of the last generation (or holds the committed state)
-            order = current + [w for w in workers if w not in current]
-            self.generation += 1
-            step = self._step_vector(-1)
-            t0 = time.perf_counter()
-            calls = [
-                (w, "adadamp_group", {
-                    "fit_id": self.fit_id, "generation": self.generation, "rank": rank, "size": len(order),
-                    "step": None if step is None else to_serialize(step),
-                    "restore": restore if rank == 0 else None,
-                })
-                for rank, w in enumerate(order)
-            ]
-            replies = self.client.sync(self._form, calls, self.transport.timeout)
-            lost = [w for w, r in zip(order, replies) if isinstance(r, (*LOST, CollectiveError))]
-            for r in replies:
-                if isinstance(r, BaseException) and not isinstance(r, (*LOST, CollectiveError)):
-                    raise r
-            if not lost:
-                self._group, self._current, self._step = workers, set(workers), None
-                logger.info("all-reduce group %d formed: %d workers in %.3f s", self.generation, len(order),
-                            time.perf_counter() - t0)
-                return
-            self._current -= set(lost)
-            for w, r in zip(order, replies):
-                if isinstance(r, TimeoutError):  # alive but hung: left out, as in an update
-                    self.members.strike(w, r, out=True)
-            logger.warning("workers %s lost while forming all-reduce group %d; forming another", lost, self.generation)
-            self.members.refresh(force=True, lost=tuple(w for w, r in zip(order, replies) if isinstance(r, LOST)))
-        raise NoWorkersError(f"could not form an all-reduce group in {1 + MAX_RECOMPUTES} tries: workers keep leaving")
+        in_rounds(
+            self.members,
+            self._form_group,
+            f"could not form an all-reduce group in {1 + MAX_RECOMPUTES} tries: workers keep leaving",
+        )
+
+    def _form_group(self, _attempt: int) -> tuple[bool | None, list[str]]:
+        """One try at forming the group of the current workers; None and the workers lost if it failed."""
+        if self._group == self.workers:
+            return True, []
+        workers = list(self.workers)
+        current = [w for w in workers if w in self._current]
+        restore = None
+        if not current:
+            if self.loop.n_updates != self._commit.loop.n_updates:
+                self._roll_back()
+                raise RolledBack
+            if self._set_up_at.get(workers[0]) != self.loop.n_updates:
+                restore = self._client_state()
+        # group rank 0 is a replica of the last generation (or holds the committed state)
+        order = current + [w for w in workers if w not in current]
+        self.generation += 1
+        step = self._step_vector(-1)
+        t0 = time.perf_counter()
+        calls = [
+            (w, "adadamp_group", {
+                "fit_id": self.fit_id, "generation": self.generation, "rank": rank, "size": len(order),
+                "step": None if step is None else to_serialize(step),
+                "restore": restore if rank == 0 else None,
+            })
+            for rank, w in enumerate(order)
+        ]
+        replies = self.client.sync(self._form, calls, self.transport.timeout)
+        dead, broken = triage(self.members, order, replies, collectives=True)  # the hung left out, as in an update
+        if not dead and not broken:
+            self._group, self._current, self._step_owed = workers, set(workers), None
+            logger.info("all-reduce group %d formed: %d workers in %.3f s", self.generation, len(order),
+                        time.perf_counter() - t0)
+            return True, []
+        lost = [order[k] for k in sorted(dead + broken)]
+        self._current -= set(lost)
+        logger.warning("workers %s lost while forming all-reduce group %d; forming another", lost, self.generation)
+        return None, [order[k] for k in dead]
 
     async def _form(self, calls: list[tuple[str, str, dict]], timeout: float) -> list:
         """The ``adadamp_group`` calls (as :meth:`Transport.call_all`); the first member lost or
@@ -254,9 +256,9 @@ class AllReduce(ParameterServer):
             self.members.refresh(force=True, lost=lost)
 
     def _step_vector(self, update: int) -> np.ndarray | None:
-        if self._step is None:
+        if self._step_owed is None:
             return None if update < 0 else step_vector(self.generation, update, -1, 1.0, [])
-        step_of, scale, settings = self._step
+        step_of, scale, settings = self._step_owed
         return step_vector(self.generation, update, step_of, scale, settings)
 
     # ------------------------------------------------------------------ commits
@@ -275,13 +277,13 @@ class AllReduce(ParameterServer):
         self.loop.__dict__.update(copy.copy(self._commit.loop).__dict__)
         self.damper.__dict__.update(copy.deepcopy(self._commit.damper).__dict__)
         self.sampler = Sampler(self.loop)
-        self._step = None
+        self._step_owed = None
 
     def sync(self, take_step: bool = True) -> None:
         """Take the pending step on every replica and load rank 0's state into the client's module
         and optimizer (``take_step=False``: drop the pending gradient instead: it was not finite)."""
         if not take_step:
-            self._step = None
+            self._step_owed = None
         step = self._step_vector(-1)
         candidates = [w for w in self.workers if w in self._current]
         while candidates:
@@ -298,21 +300,22 @@ class AllReduce(ParameterServer):
             good = by_worker[source]
             if not isinstance(good, BaseException):
                 load_state(good["state"], self.flat, self._buffers, self.optimizer, keep_groups=True)
-                self._step = None
+                self._step_owed = None
                 if self._epoch_updates is not None and self.loop.n_updates != self._commit.loop.n_updates:
                     self._set_commit(len(self._epoch_updates))  # the client's copy is at this update now
                 if lost:
                     self.members.refresh(force=True, lost=tuple(lost))
                 return
             candidates = [w for w in candidates if w in self._current]
-        if self._step is not None or self.loop.n_updates != self._commit.loop.n_updates:
+        if self._step_owed is not None or self.loop.n_updates != self._commit.loop.n_updates:
             raise NoWorkersError("every replica was lost before the client's copy could be brought up to date")
 
     # ------------------------------------------------------------------ training
-    def _reduce(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None) -> tuple[Totals, float]:
-        """One update's round on the replicas; returns the batch's totals and the squared norm of
+    def _reduce(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None) -> Totals:
+        """One update's round on the replicas; returns the batch's totals, with the squared norm of
         its mean gradient.  A lost worker: the next generation recomputes the update."""
-        for _round in range(1 + MAX_RECOMPUTES):
+
+        def one_round(_k: int) -> tuple[Totals | None, list[str]]:
             self._ensure_group()
             lp = self.loop
             mine: dict[int, list] = {}  # each member's shards of the batch, in shard order
@@ -334,80 +337,69 @@ class AllReduce(ParameterServer):
                 ))
             totals, replied = Totals(), []
             replies, totals.send = self.transport.round(requests, n_chunks, None, on_reply=_collect(totals, replied))
-            lost, broken = [], []
-            for request, r in zip(requests, replies):
-                if isinstance(r, CollectiveError):
-                    broken.append(request.worker)
-                elif isinstance(r, LOST):
-                    lost.append(request.worker)
-                    if isinstance(r, TimeoutError):  # alive but hung (or far too slow)
-                        self.members.strike(request.worker, r, out=True)
-                elif isinstance(r, BaseException):
-                    raise r
-            if not lost and not broken:
+            dead, failed = triage(self.members, [q.worker for q in requests], replies, collectives=True)
+            if not dead and not failed:
                 r = replied[0]  # every member holds the same all-reduced totals
                 totals.n, totals.weight, totals.loss_sum = r.n, r.weight, r.loss_sum
                 totals.chunk_sq_norm_sum, totals.n_chunks = r.chunk_sq_norm_sum, r.n_chunks
-                self._step = None
-                return totals, r.grad_sq_norm
+                totals.grad_sq_norm = r.grad_sq_norm
+                self._step_owed = None
+                return totals, []
+            lost, broken = [requests[k].worker for k in dead], [requests[k].worker for k in failed]
             logger.warning("update %d: lost %s, collective failed on %s; re-forming the group and recomputing",
                            lp.n_updates, lost, broken)
             self._current -= set(lost)
             self._group = None
-            self.members.refresh(force=True, lost=tuple(lost))
-        raise NoWorkersError(
+            return None, lost
+
+        return in_rounds(self.members, one_round, (
             f"update {self.loop.n_updates} failed in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
-        )
+        ))
 
-    def update(self) -> dict:
-        """One model update; returns its record for the history."""
-        t_start = time.perf_counter()
-        batch = self._next_batch()
-        t_sent = time.perf_counter()
-        total, sq_norm = self._reduce(batch.idx, batch.n_chunks, batch.epoch, batch.ahead)
-        t_back = time.perf_counter()
-        n, weight = total.n, total.weight
-        loss = total.loss_sum / weight
-        if not math.isfinite(loss) or not math.isfinite(sq_norm):
-            self.sync(take_step=False)  # the replicas hold the last finite weights
-            raise self._diverged(loss, len(batch.idx))
-        stats = None
-        if batch.need is not None:
-            stats = GradStats(
-                n_samples=int(n),
-                grad_sq_norm=sq_norm * (weight / n) ** 2,  # per example: the mean of the workers' sums
-                chunk_sq_norm_sum=float(total.chunk_sq_norm_sum),
-                n_chunks=int(total.n_chunks),
-            )
-        plan = self.damper.plan_update(batch.state, int(n), stats)
+    def _gradient_round(self, batch: Batch) -> Totals:
+        """The batch's mean gradient, all-reduced and kept pending on the replicas."""
+        return self._reduce(batch.idx, batch.n_chunks, batch.epoch, batch.ahead)
+
+    def _finite(self, loss: float, total: Totals) -> bool:
+        return math.isfinite(loss) and math.isfinite(total.grad_sq_norm)
+
+    def _keep_last_finite(self) -> None:
+        self.sync(take_step=False)  # the replicas hold the last finite weights
+
+    def _grad_sq_norm(self, total: Totals) -> float:
+        return total.grad_sq_norm * (total.weight / total.n) ** 2  # per example: the mean of the workers' sums
+
+    def _step(self, plan) -> float:
+        """Hand the step to the replicas: they take it with the next request (it is in their
+        compute time)."""
         lr = apply_plan(self.optimizer, plan, scale_buffers=False)  # the replicas scale their own
-        self._step = (self.loop.n_updates, float(plan.momentum_buffer_scale), group_settings(self.optimizer))
-        self._advance(n, plan, loss)
-        t_end = time.perf_counter()
-        # the step is taken by the replicas with the next request: it is in their compute time
-        return self._record(n, lr, loss, total, t_start, t_sent, t_back, t_end, t_end)
+        self._step_owed = (self.loop.n_updates, float(plan.momentum_buffer_scale), group_settings(self.optimizer))
+        return lr
 
-    def run_epoch(self, updates: list | None = None, on_update=None) -> dict:
-        """Updates until the epoch clock passes the next whole epoch; the client's module is up to
-        date when it returns (also when a callback stops training)."""
-        start = time.perf_counter()
+    def _run_updates(self, updates: list[dict], on_update, end: float) -> None:
+        """The epoch's updates; the client's module is up to date when it returns (also when a
+        callback stops training).  An update undone (no replica left) is run again from the
+        commit, and callbacks are not told of it twice."""
         lp = self.loop
-        target = lp.epoch_end()
-        updates = list(updates or [])
-        earlier = sum(u["update_time"] for u in updates)
         self._set_commit(len(updates))
         self._epoch_updates = updates  # a mid-epoch sync (a checkpoint) moves the commit to its update
         reported = lp.n_updates  # on_update_end: each update number once, in order
+
+        def update() -> dict | None:
+            try:
+                return self.update()
+            except RolledBack:
+                del updates[self._commit.n_records:]
+                return None
+
+        def report(records: list[dict]) -> None:
+            nonlocal reported
+            if on_update is not None and lp.n_updates > reported:  # not again when recomputed
+                reported = lp.n_updates
+                on_update(records)
+
         try:
-            while lp.in_epoch(target):
-                try:
-                    updates.append(self.update())
-                except RolledBack:
-                    del updates[self._commit.n_records:]
-                    continue
-                if on_update is not None and lp.n_updates > reported:  # not again when recomputed
-                    reported = lp.n_updates
-                    on_update(updates)
+            run_epoch(lp, update, updates, report, end)
         except StopTraining:
             self.sync()
             raise
@@ -415,9 +407,6 @@ class AllReduce(ParameterServer):
             self._roll_back()  # the client's copy is the commit's: the clock goes back with it
             raise
         self.sync()
-        return epoch_row(
-            round(target / lp.n_data), updates, lp.n_updates, lp.n_samples_seen, earlier + time.perf_counter() - start
-        )
 
 
 def _collect(totals: Totals, replied: list):

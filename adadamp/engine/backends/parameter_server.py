@@ -1,0 +1,177 @@
+"""The parameter-server backend: the client holds the weights and steps; workers compute gradients.
+
+Each update (Holt & Sievert 2021, "Architecture": the client is the master node):
+
+1. the damper names the batch size; :mod:`~adadamp.dampers.clock` draws that many example
+   indices from one seeded permutation per data epoch (the trajectory does not depend on how
+   many workers there are, :doc:`/guide/elasticity`);
+2. :mod:`~adadamp.data.placement` cuts the indices by shards (fixed groups of data blocks) and
+   routes each shard to the worker holding it, and :mod:`~adadamp.engine.transport` sends each
+   worker the weights and its shard's indices in one message;
+3. each worker returns the gradient SUM over the shard's examples (plus the example count, the
+   loss sum and the statistics the damper asked for);
+4. :mod:`~adadamp.engine.aggregation` sums in shard order; the client divides once, asks the
+   damper for the learning-rate factor and momentum, and steps.
+
+A worker that dies or times out loses only its shards of one update: their data blocks are placed
+again from the data source (the client's arrays, or a dask array's lineage) and the shards are
+recomputed on the survivors (:doc:`/guide/elasticity`).  The number of shards is not the number of
+workers: it changes only between updates, with the batch size when the fit scales the cluster, and
+otherwise only when more workers take part than there are shards, so a worker lost and replaced
+changes no update by a single bit (issue 27).
+This module talks to Dask; it knows nothing about scikit-learn.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+
+import cloudpickle
+import numpy as np
+import torch
+
+from ...records import ShareRequest
+from ...wire.optimizer_plan import apply_plan
+from ...wire.parameters import bind_parameters, flatten_parameters, float_buffers
+from ..aggregation import GradientSum, Totals
+from .base import Backend, Batch, dropout_seed
+from .rounds import MAX_RECOMPUTES, in_rounds, triage
+
+logger = logging.getLogger(__name__)
+
+
+class ParameterServer(Backend):
+    """Trains ``module`` on ``data`` held by the workers of ``client``: the client holds the
+    weights and steps; each update, the workers get the weights and return their shards'
+    gradient sums (the parameters: :class:`~adadamp.engine.backends.base.Backend`)."""
+
+    def _module_payload(self) -> bytes:
+        """What a worker's set-up builds its module from."""
+        return cloudpickle.dumps((self.module, self.criterion, self.device))
+
+    def _bind(self) -> None:
+        """Make the module's parameters views of the fit's flat buffers (in shared memory when the
+        workers on this host read the weights in place)."""
+        self.flat, self.grads = flatten_parameters(self.module)
+        if self._shared is not None:
+            self.flat, _ = bind_parameters(self.module, torch.from_numpy(self._shared.weights), self.grads)
+        self._buffers = float_buffers(self.module)
+        self.flat_np = self.flat.numpy()
+        self.grads_np = self.grads.numpy()
+        # The weights before the last two steps: ``_backups[_current]`` is filled during
+        # this update's round, the other one holds the last weights with a finite loss.
+        self._backups, self._current = [self.flat.clone(), self.flat.clone()], 0
+        self._bound = True
+
+    # ------------------------------------------------------------------ training
+    def _gradients(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None = None) -> Totals:
+        """Sum the shards' gradients over ``idx`` into ``self.grads_np``, recomputing lost shards.
+
+        ``idx`` is drawn in data epoch ``epoch``; ``ahead`` holds the next batches' examples
+        (keys, :meth:`Sampler.peek`), which each worker may start loading (a lazy Dataset).
+
+        Each shard is one request to the worker holding it (a worker holding several gets one
+        request per shard, and their gradients come in the replies).  Each reply is added as soon
+        as it and the shards before it are in, and the weights are backed up once the first reply
+        is in: both then overlap the slower workers' compute, on a core the first worker has just
+        freed.
+        """
+        summed = GradientSum(self.grads_np, self._shared)
+        backed_up = False
+
+        def add(request: ShareRequest, r) -> None:
+            nonlocal backed_up
+            summed.add(request.shard, request.worker, r)
+            if not backed_up:  # these weights, in case the next update's loss is not finite
+                self._backups[self._current].copy_(self.flat)
+                backed_up = True
+
+        todo = None  # the shards still to compute (None: all of them)
+        buffers = self._buffer_values()  # the running statistics every shard starts from
+
+        def one_round(k: int) -> tuple[Totals | None, list[str]]:
+            nonlocal todo
+            shards = [(g, sub) for g, sub in self.placement.shards(idx) if todo is None or g in todo]
+            if todo is None:
+                summed.expect([g for g, _ in shards])
+            # the shard of each example named ahead (only with the first round's requests)
+            ahead_shard = None
+            if ahead is not None and k == 0:
+                ahead_shard = self.placement.shard_of[self.placement.blocks_of(ahead % self.loop.n_data)]
+            holders = [int(self.placement.holder[g]) for g, _ in shards]
+            several = {h for h, count in Counter(holders).items() if count > 1}  # their gradients come in replies
+            requests = [
+                ShareRequest(
+                    self.workers[h], dropout_seed(self.loop.seed, self.loop.n_updates, g), sub, epoch,
+                    ahead=None if ahead_shard is None else ahead[ahead_shard == g],
+                    shard=g, in_reply=h in several,
+                )
+                for h, (g, sub) in zip(holders, shards)
+            ]
+            replies, send_time = self.transport.round(
+                requests, n_chunks, self.flat_np, on_reply=add, buffers=buffers
+            )
+            summed.totals.send += send_time
+            lost, _ = triage(self.members, [q.worker for q in requests], replies)
+            todo = {requests[i].shard for i in lost}
+            if not todo:
+                return summed.totals, []
+            workers = list(dict.fromkeys(requests[i].worker for i in lost))
+            logger.warning("lost worker(s) %s during update %d; recomputing their shards", workers, self.loop.n_updates)
+            return None, workers
+
+        return in_rounds(self.members, one_round, (
+            f"update {self.loop.n_updates} lost a share in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
+        ))
+
+    def _gradient_round(self, batch: Batch) -> Totals:
+        """The shards' gradient sums added into ``self.grads_np``, then divided once; the running
+        statistics set to the workers' example-weighted mean."""
+        total = self._gradients(batch.idx, batch.n_chunks, batch.epoch, batch.ahead)
+        if total.buffers is not None:
+            self._set_buffers(total.buffers / total.n)
+        with np.errstate(invalid="ignore", over="ignore"):
+            self.grads_np *= 1.0 / total.weight
+        return total
+
+    def _finite(self, loss: float, total: Totals) -> bool:
+        return math.isfinite(loss) and bool(np.isfinite(self.grads_np).all())
+
+    def _keep_last_finite(self) -> None:
+        self.flat.copy_(self._backups[1 - self._current])
+
+    def _grad_sq_norm(self, total: Totals) -> float:
+        g64 = self.grads_np.astype(np.float64)
+        if total.weight != total.n:  # the statistics are per example: the mean of the workers' sums
+            g64 *= total.weight / total.n
+        return float(g64 @ g64)
+
+    def _stepped_weights(self) -> np.ndarray:
+        return self.flat_np
+
+    def _step(self, plan) -> float:
+        """The client steps."""
+        self._current = 1 - self._current
+        lr = apply_plan(self.optimizer, plan)
+        self.optimizer.step()
+        return lr
+
+    def sync(self) -> None:
+        """Bring the client's module and optimizer up to date: they always are here (the client steps)."""
+
+    def _buffer_values(self) -> np.ndarray | None:
+        """The module's running statistics as one float32 vector, which every share starts from
+        (None without any): a shard's statistics then do not depend on the worker computing it."""
+        if not self._buffers:
+            return None
+        return torch.cat([b.detach().reshape(-1).float().cpu() for b in self._buffers]).numpy()
+
+    def _set_buffers(self, values: np.ndarray) -> None:
+        """The module's BatchNorm-style statistics: the workers' example-weighted mean."""
+        offset = 0
+        with torch.no_grad():
+            for b in self._buffers:
+                b.copy_(torch.from_numpy(values[offset : offset + b.numel()]).view_as(b))
+                offset += b.numel()
