@@ -17,12 +17,15 @@ from torch import nn
 
 from . import porting, routing
 from .dampers import BaseDamper, Constant
+from .dampers.clock import LoopState
+from .data import FitData
 from .modules import MLP
 from .records import TrainingState
+from .sample_weight import SampleWeightedLoss
 from .wire.seeding import seeded
 
 __all__ = ["apply_optimizer_params", "build_criterion", "build_damper", "build_module", "build_optimizer",
-           "check_output_shape", "damper_spec", "routed"]
+           "check_output_shape", "continued_state", "damper_spec", "initial_state", "routed", "weighted_criterion"]
 
 
 def routed(params: Mapping, prefix: str) -> dict:
@@ -128,3 +131,42 @@ def check_output_shape(
             f"The criterion {type(criterion).__name__} cannot compare the module's output of "
             f"shape {tuple(out.shape)} with targets of shape {tuple(target.shape)}: {err}"
         ) from err
+
+
+def initial_state(params: Mapping, made: FitData, default_criterion: type[nn.Module], expected_output_shape) -> TrainingState:
+    """A fresh fit's state: everything built from the parameters, checked on the data's first examples.
+
+    ``expected_output_shape(criterion, y, n_outputs)``: the shape the criterion needs (the estimator's).
+    """
+    X, y = made.head
+    module = build_module(params, int(np.prod(X.shape[1:])), made.n_outputs, made.seed)
+    criterion = build_criterion(params, default_criterion)
+    check_output_shape(module, criterion, X, y, expected_output_shape(criterion, y[:2], made.n_outputs), params)
+    return TrainingState(
+        module=module,
+        criterion=criterion,
+        optimizer=build_optimizer(params, module),
+        damper=build_damper(params, len(made.source)),
+        loop=LoopState(seed=made.seed, n_data=len(made.source)),
+        targets=made.attrs,
+    )
+
+
+def continued_state(state: TrainingState, params: Mapping, made: FitData, built_from: str) -> TrainingState:
+    """A warm call's ``state`` (a copy of the fitted one) updated to the parameters and data of this call.
+
+    ``built_from``: :func:`damper_spec` of the fitted damper; a changed ``batch_size`` builds a new
+    damper on the run's continuing clock.
+    """
+    state.targets.update(made.attrs)
+    apply_optimizer_params(state, params)
+    if damper_spec(params) != built_from:
+        state.damper = build_damper(params, len(made.source)).continue_from(state.loop.progress)
+    if state.loop.n_data != len(made.source):
+        state.loop = state.loop.resized(len(made.source))
+    return state
+
+
+def weighted_criterion(criterion: nn.Module, y_packed: np.ndarray) -> SampleWeightedLoss:
+    """The workers' criterion when the targets carry sample weights (:mod:`adadamp.sample_weight`)."""
+    return SampleWeightedLoss(criterion, torch.from_numpy(y_packed[:0]).dtype, y_packed.ndim)

@@ -72,6 +72,21 @@ class ClusterPolicy:
     update_timeout: float = 120.0
     shared: bool = False
 
+    @classmethod
+    def of(cls, params: dict, embedded: bool) -> ClusterPolicy:
+        """The policy an estimator's parameters ask for; ``embedded``: the fit takes the embedded
+        cluster (then it scales by default, up to one worker per core)."""
+        scale = params["scale_cluster"] if params["scale_cluster"] is not None else embedded
+        return cls(
+            grads_per_worker=params["grads_per_worker"],
+            min_workers=params["min_workers"],
+            max_workers=params["max_workers"] or (default_n_workers() if embedded else 16),
+            scale=bool(scale),
+            scale_wait=float(params["scale_wait"]),
+            worker_timeout=float(params["worker_timeout"]),
+            update_timeout=float(params["update_timeout"]),
+        )
+
     def wanted(self, batch_size: int) -> int:
         """Workers wanted for ``batch_size`` examples per update."""
         n = math.ceil(batch_size / self.grads_per_worker)
@@ -200,3 +215,15 @@ def training_client(client: Client | None, policy: ClusterPolicy, first_batch: i
         return
     with embedded.embedded_client(policy.first_workers(first_batch), timeout=policy.worker_timeout) as shared:
         yield shared, dataclasses.replace(policy, shared=True)
+
+
+@contextlib.contextmanager
+def reading_client(client: Client | None, policy: ClusterPolicy, workers_read: bool):
+    """The client whose workers read the data before training.  Yields ``(client, policy)``:
+    ``client`` as given, or (None, when ``workers_read``: a torch Dataset) the embedded cluster's,
+    taken now and shared; else None, and the training takes the embedded cluster later."""
+    if client is not None or not workers_read:
+        yield client, policy
+        return
+    with training_client(None, policy, None) as taken:
+        yield taken

@@ -29,7 +29,6 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from distributed import Client
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
@@ -39,13 +38,11 @@ from . import building, checkpoint, constraints, dashboard, inference, porting, 
 from . import callbacks as callbacks_mod
 from . import cluster as cl
 from .data import Labels, Values, convert, make_source
-from .engine import Backend, LoopState
-from .engine.backends import backend_names, get_backend
+from .engine import session
+from .engine.backends import backend_names
 from .engine.loop import FitLoop
-from .engine.session import KeptBackend
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .records import TrainingState
-from .sample_weight import SampleWeightedLoss
 from .wire import optimizer_plan
 
 __all__ = ["BaseDaskEstimator", "DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
@@ -485,78 +482,59 @@ class BaseDaskEstimator(BaseEstimator):
         return fit_params
 
     def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None, keep: bool = False, sample_weight=None):
+        """The recipe of ``fit`` and ``partial_fit``: check, make the data source, build or continue
+        the state, train it on the cluster, and commit it only when training returns."""
         self._check_params()
-        if sample_weight is not None and isinstance(X, torch.utils.data.Dataset):
+        callbacks = callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
+        if sample_weight is not None and convert.is_dataset(X):
             raise ValueError("sample_weight is not taken with a torch Dataset as X: weight the examples' loss in "
                              "the criterion, or fit arrays.")
-        client = self._client()
-        if isinstance(X, torch.utils.data.Dataset) and client is None:
-            # No cluster: take the embedded one (shared by this process's fits) now, so that its workers
-            # read the Dataset.
-            policy, _ = self._cluster_policy()
-            with cl.training_client(None, policy, None) as embedded:
-                self._embedded = embedded
-                try:
-                    return self._fit(X, y, epochs=epochs, fresh=fresh, classes=classes)
-                finally:
-                    del self._embedded
-        made = make_source(
-            X, y, self._targets(fresh, classes), estimator=self, fresh=fresh, client=client,
-            seed=self._draw_seed if fresh else lambda: self.loop_.seed, sample_weight=sample_weight,
-            validation_fraction=self.validation_fraction,
-            loading={"threads": int(self.dataset_threads), "cache": bool(self.dataset_cache)},
-        )
-        data, head, targets, n_outputs, seed, valid = (
-            made.source, made.head, made.attrs, made.n_outputs, made.seed, made.valid)
         params = self.get_params(deep=False)
-        if fresh:
-            module = building.build_module(params, int(np.prod(head[0].shape[1:])), n_outputs, seed)
-            criterion = building.build_criterion(params, self._default_criterion)
-            expected = self._expected_output_shape(criterion, head[1][:2], n_outputs)
-            building.check_output_shape(module, criterion, *head, expected, params)
-            state = TrainingState(
-                module=module,
-                criterion=criterion,
-                optimizer=building.build_optimizer(params, module),
-                damper=building.build_damper(params, len(data)),
-                loop=LoopState(seed=seed, n_data=len(data)),
-                targets=targets,
+        client = self.client if self.client is not None else _active_client()
+        policy = cl.ClusterPolicy.of(params, embedded=client is None)
+        with cl.reading_client(client, policy, workers_read=convert.is_dataset(X)) as (client, policy):
+            made = make_source(
+                X, y, self._targets(fresh, classes), estimator=self, fresh=fresh, client=client,
+                seed=self._draw_seed if fresh else lambda: self.loop_.seed, sample_weight=sample_weight,
+                validation_fraction=self.validation_fraction,
+                loading={"threads": int(self.dataset_threads), "cache": bool(self.dataset_cache)},
             )
             epoch_updates = []
-            if self.checkpoint is not None and os.path.exists(self.checkpoint):
-                saved = checkpoint.load(self.checkpoint)
-                checkpoint.check_fingerprint(self.checkpoint, saved["fingerprint"], self._fingerprint(data))
-                epoch_updates = checkpoint.restore(state, saved, len(data))
-                epochs -= len(state.history)
-        else:
-            epoch_updates = []
-            # Train on copies (one deepcopy: the optimizer keeps pointing at the copied module), so a
-            # failed call leaves the fitted state as it was.
-            state = copy.deepcopy(self._state())
-            state.targets.update(targets)
-            building.apply_optimizer_params(state, params)
-            if building.damper_spec(params) != self._damper_spec_:
-                # batch_size changed since the last fit: a new damper, on the run's continuing clock
-                state.damper = building.build_damper(params, len(data)).continue_from(state.loop.progress)
-            if state.loop.n_data != len(data):
-                state.loop = state.loop.resized(len(data))
-        if self.checkpoint is not None:
-            state.fingerprint = self._fingerprint(data)
-        optimizer_plan.check_supported(state.optimizer, state.damper)
-        weighted = None  # the workers' criterion when the targets carry sample weights (adadamp.sample_weight)
-        if made.weighted:
-            weighted = SampleWeightedLoss(state.criterion, torch.from_numpy(head[1][:0]).dtype, head[1].ndim)
-            valid = valid if valid is None else (*valid, weighted)
-        self._training_state = state  # save_params from a callback saves this state, not the last fit's
-        start = state.loop.n_updates
-        try:
-            self._train(state, data, epochs, epoch_updates, valid, fresh=fresh, keep=keep, criterion=weighted)
-        except (ConvergenceError, NoWorkersError, SchedulerLostError):
-            if state.loop.n_updates > start:
-                self._commit(state)  # training stopped cleanly, with the last good weights
-            raise
-        finally:
-            del self._training_state
+            if fresh:
+                state = building.initial_state(params, made, self._default_criterion, self._expected_output_shape)
+                if self.checkpoint is not None and os.path.exists(self.checkpoint):
+                    saved = checkpoint.load(self.checkpoint)
+                    checkpoint.check_fingerprint(self.checkpoint, saved["fingerprint"], self._fingerprint(made.source))
+                    epoch_updates = checkpoint.restore(state, saved, len(made.source))
+                    epochs -= len(state.history)
+            else:  # on copies, so that a failed call leaves the fitted state as it was
+                state = building.continued_state(copy.deepcopy(self._state()), params, made, self._damper_spec_)
+            if self.checkpoint is not None:
+                state.fingerprint = self._fingerprint(made.source)
+            state.callbacks = callbacks  # the clones that run, kept with what they learn
+            optimizer_plan.check_supported(state.optimizer, state.damper)
+            weighted = building.weighted_criterion(state.criterion, made.head[1]) if made.weighted else None
+            valid = made.valid if weighted is None or made.valid is None else (*made.valid, weighted)
+            shown = dashboard.short_params(params)
+            loop = FitLoop(
+                self, state, checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every, verbose=self.verbose,
+                valid=valid, page=lambda client, last: dashboard.Publisher(
+                    client, type(self).__name__, shown, state.loop.n_data, last),
+            )
+            self._training_state = state  # save_params from a callback saves this state, not the last fit's
+            start = state.loop.n_updates
+            try:
+                self._kept_backend = session.train(
+                    loop, made.source, epochs, epoch_updates, backend=self.backend, device=str(self.device),
+                    client=client, policy=policy, criterion=weighted, fresh=fresh, keep=keep, owner=self,
+                    kept=self.__dict__.pop("_kept_backend", None),  # one call at a time uses it
+                )
+            except (ConvergenceError, NoWorkersError, SchedulerLostError):
+                if state.loop.n_updates > start:
+                    self._commit(state)  # training stopped cleanly, with the last good weights
+                raise
+            finally:
+                del self._training_state
         self._commit(state)
         return self
 
@@ -582,93 +560,6 @@ class BaseDaskEstimator(BaseEstimator):
             setattr(self, key, value)
         self.n_iter_ = len(self.history_)
         self._damper_spec_ = building.damper_spec(self.get_params(deep=False))
-
-    def _train(self, state: TrainingState, data, epochs: int, epoch_updates: list, valid=None,
-               fresh: bool = True, keep: bool = False, criterion=None) -> None:
-        kept = self.__dict__.pop("_kept_backend", None)  # one call at a time uses it
-        if epochs <= 0:
-            if kept is not None:
-                kept.claim(None)
-            return
-        # the clones that run, kept with what they learn (EarlyStopping.best_epoch_)
-        state.callbacks = callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
-        params = dashboard.short_params(self.get_params(deep=False))
-        loop = FitLoop(
-            self, state, checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every, verbose=self.verbose,
-            valid=valid, page=lambda client, last: dashboard.Publisher(
-                client, type(self).__name__, params, state.loop.n_data, last
-            ),
-        )
-        policy, client = self._cluster_policy()
-        if client is None:  # the embedded cluster, shared by this process's fits (nothing kept for the next call)
-            if kept is not None:
-                kept.claim(None)
-            first = state.damper.forecast_batch_size(state.loop.epoch)
-            with (
-                cl.training_client(None, policy, first) as (client, policy),
-                self._backend(client, policy, state, data, criterion) as backend,
-            ):
-                loop.run(backend, epochs, epoch_updates)
-            return
-        # On a cluster of the user's, partial_fit keeps the backend open for the next call on the same data.
-        # (the optimizer's class: an all-reduce backend's replicas hold one of theirs)
-        key = (client, policy, str(self.device), self.backend, type(state.optimizer), data.token())
-        backend = kept.claim(None if fresh else key) if kept is not None else None
-        if backend is not None:
-            backend.resume(module=state.module, optimizer=state.optimizer, damper=state.damper, loop=state.loop)
-            logger.info("resumed the workers and data of the last call")
-        else:
-            backend = self._backend(client, policy, state, data, criterion).__enter__()
-        try:
-            loop.run(backend, epochs, epoch_updates)
-            if keep:
-                backend.suspend()
-        except BaseException:
-            backend.__exit__(None, None, None)
-            raise
-        if keep:
-            self._kept_backend = KeptBackend(self, backend, key)
-        else:
-            backend.__exit__(None, None, None)
-
-    def _backend(self, client, policy, state: TrainingState, data, criterion=None) -> Backend:
-        """The backend of ``self.backend``; ``criterion``: the workers' one, when not the state's."""
-        return get_backend(self.backend)(
-            client,
-            module=state.module,
-            criterion=state.criterion if criterion is None else criterion,
-            optimizer=state.optimizer,
-            damper=state.damper,
-            loop=state.loop,
-            data=data,
-            policy=policy,
-            device=str(self.device),
-        )
-
-    def _client(self) -> Client | None:
-        """The client this call trains on: the embedded cluster's taken for it (a lazy Dataset),
-        ``client``, or the current one; None: the training takes the embedded cluster."""
-        if "_embedded" in self.__dict__:
-            return self._embedded[0]
-        return self.client if self.client is not None else _active_client()
-
-    def _cluster_policy(self) -> tuple[cl.ClusterPolicy, Client | None]:
-        """How the cluster is sized for this fit, and the client to train on (None: the embedded cluster)."""
-        if "_embedded" in self.__dict__:
-            return self._embedded[1], self._embedded[0]
-        client = self._client()
-        embedded = client is None
-        scale = self.scale_cluster if self.scale_cluster is not None else embedded
-        policy = cl.ClusterPolicy(
-            grads_per_worker=self.grads_per_worker,
-            min_workers=self.min_workers,
-            max_workers=self.max_workers or (cl.default_n_workers() if embedded else 16),
-            scale=bool(scale),
-            scale_wait=float(self.scale_wait),
-            worker_timeout=float(self.worker_timeout),
-            update_timeout=float(self.update_timeout),
-        )
-        return policy, client
 
     # --------------------------------------------------------- save / load
     def save_params(self, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> None:
@@ -822,7 +713,6 @@ class BaseDaskEstimator(BaseEstimator):
         state = self.__dict__.copy()
         state["client"] = None
         state.pop("_kept_backend", None)  # live connections to the workers stay with this object
-        state.pop("_embedded", None)
         return state
 
     def __sklearn_clone__(self):

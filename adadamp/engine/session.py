@@ -1,4 +1,8 @@
-"""A backend kept open between an estimator's calls on the same data (``partial_fit`` loops).
+"""Where a fit's epochs run: a backend opened on the cluster, or kept open between calls.
+
+:func:`train` runs the fit loop on a backend: on the embedded cluster (shared by the process's fits),
+or on the user's, where a backend may be kept open between an estimator's calls on the same data
+(``partial_fit`` loops).
 
 Opening a backend sets the module up on every worker and places the data; a model-selection or
 streaming loop that calls ``partial_fit`` again and again on the same data would pay that every
@@ -16,6 +20,14 @@ import contextlib
 import logging
 import threading
 import weakref
+
+from distributed import Client
+
+from .. import cluster as cl
+from ..data import DataSource
+from ..records import TrainingState
+from .backends import Backend, get_backend
+from .loop import FitLoop
 
 logger = logging.getLogger(__name__)
 
@@ -66,3 +78,66 @@ class KeptBackend:
 def _close(backend) -> None:
     with contextlib.suppress(Exception):  # the client or the cluster may be gone already
         backend.__exit__(None, None, None)
+
+
+def train(
+    loop: FitLoop, data: DataSource, epochs: int, epoch_updates: list, *, backend: str, device: str,
+    client: Client | None, policy: cl.ClusterPolicy, criterion=None, kept: KeptBackend | None = None,
+    fresh: bool = True, keep: bool = False, owner=None,
+) -> KeptBackend | None:
+    """Run ``epochs`` epochs of ``loop`` on a ``backend`` (a registered name); returns the backend
+    kept suspended for the next call on the same data (``keep``, on a cluster of the user's), or None.
+
+    ``client`` None: the embedded cluster, started or grown for the first batch and shared by the
+    process's fits, which keeps nothing.  ``kept``: the last call's backend, resumed when this call
+    matches its key (a warm call, same client, policy, device, backend, optimizer and data), else
+    closed.  ``criterion``: the workers' criterion, when not the state's (sample weights).
+    ``owner``: whose garbage collection closes a kept backend.
+    """
+    state = loop.state
+    if epochs <= 0 or client is None or policy.shared:
+        if kept is not None:
+            kept.claim(None)
+        if epochs <= 0:
+            return None
+        first = state.damper.forecast_batch_size(state.loop.epoch)
+        with (
+            cl.training_client(client, policy, first) as (on, sized),
+            _open(backend, on, sized, state, data, device, criterion) as opened,
+        ):
+            loop.run(opened, epochs, epoch_updates)
+        return None
+    # (the optimizer's class: an all-reduce backend's replicas hold one of theirs)
+    key = (client, policy, device, backend, type(state.optimizer), data.token())
+    opened = kept.claim(None if fresh else key) if kept is not None else None
+    if opened is not None:
+        opened.resume(module=state.module, optimizer=state.optimizer, damper=state.damper, loop=state.loop)
+        logger.info("resumed the workers and data of the last call")
+    else:
+        opened = _open(backend, client, policy, state, data, device, criterion).__enter__()
+    try:
+        loop.run(opened, epochs, epoch_updates)
+        if keep:
+            opened.suspend()
+    except BaseException:
+        opened.__exit__(None, None, None)
+        raise
+    if keep:
+        return KeptBackend(owner, opened, key)
+    opened.__exit__(None, None, None)
+    return None
+
+
+def _open(name: str, client: Client, policy: cl.ClusterPolicy, state: TrainingState, data: DataSource,
+          device: str, criterion=None) -> Backend:
+    return get_backend(name)(
+        client,
+        module=state.module,
+        criterion=state.criterion if criterion is None else criterion,
+        optimizer=state.optimizer,
+        damper=state.damper,
+        loop=state.loop,
+        data=data,
+        policy=policy,
+        device=device,
+    )
