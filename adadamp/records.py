@@ -63,8 +63,8 @@ class ShareRequest:
     (:mod:`adadamp.worker.replica`).  ``shard`` is the shard of the batch the indices are
     (:mod:`adadamp.data.placement`); ``in_reply`` asks a worker that maps shared memory to send
     the gradient in its reply all the same (it computes more than one shard of the update).
-    ``parts`` (all-reduce fits): the request holds several shards, one row each, their dropout seed
-    and example count; the indices are theirs, concatenated in shard order.
+    ``plan`` (all-reduce fits): the member's :class:`~adadamp.wire.batches.BatchPlan` as a vector;
+    the member finds its examples from it, and ``indices`` and ``ahead`` are empty.
     """
 
     worker: str
@@ -75,7 +75,7 @@ class ShareRequest:
     step: np.ndarray | None = None
     shard: int = 0
     in_reply: bool = False
-    parts: np.ndarray | None = None  # int64 (n_shards, 2): seed, count
+    plan: np.ndarray | None = None  # int64: BatchPlan.to_array()
 
 
 @dataclass

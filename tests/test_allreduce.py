@@ -67,6 +67,18 @@ def test_allreduce_equals_the_parameter_server(data, client, optimizer):
     np.testing.assert_allclose(ar.predict_proba(X), ps.predict_proba(X), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("batch_size", [16, 480])
+def test_the_client_sends_and_receives_under_a_kilobyte_per_update_at_any_batch_size(data, client, batch_size):
+    """The requests name the batch and each member's shards (a BatchPlan), not its examples: the
+    client's traffic per update does not grow with the batch (it was 8 bytes per example)."""
+    X, y = data
+    est = DaskClassifier(batch_size=batch_size, max_epochs=1, random_state=0, backend=AR).fit(X, y)
+    updates = [u for row in est.history_ for u in row["updates"]]
+    assert max(u["n_workers"] for u in updates) == 2
+    assert max(u["sent_bytes"] for u in updates) < 1024, [u["sent_bytes"] for u in updates]
+    assert max(u["received_bytes"] for u in updates) < 1024
+
+
 def test_regressor_with_batchnorm_and_geodamp(client):
     X, y = make_regression(n_samples=300, n_features=6, noise=1.0, random_state=0)
     X, y = X.astype(np.float32), (y / y.std()).astype(np.float32)

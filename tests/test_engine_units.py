@@ -129,3 +129,42 @@ def test_the_epoch_loop_runs_updates_to_the_epochs_end_and_runs_an_undone_one_ag
     assert run_epoch(loop, update, records, on_update=lambda r: seen.append(list(r))) == 10
     assert records == [1, 2, 3] and seen == [[1], [1, 2], [1, 2, 3]]
     assert (loop.n_updates, loop.n_samples_seen, loop.progress) == (3, 12, 12.0)
+
+
+@pytest.mark.parametrize("n_blocks,n_shards,lengths", [(7, 3, None), (5, 5, None), (6, 2, [10, 30, 5, 20, 25, 10])])
+def test_a_batch_plan_names_the_examples_the_client_would_have_listed(n_blocks, n_shards, lengths):
+    """An all-reduce member finds its shards' examples (and those to load ahead) from a BatchPlan
+    exactly as the client cuts the batch, whether blocks are uniform or a dask collection's."""
+    from adadamp.wire.batches import BatchPlan, epoch_permutation
+
+    n = 100
+    placement = Placement(n, n_blocks=n_blocks, lengths=lengths)
+    workers = ["a", "b"]
+    shard_of, holder, _, _ = plan_moves(placement.names([]), workers, n_shards)
+    placement.assign(shard_of, holder, workers)
+    loop = LoopState(seed=3, n_data=n, data_epoch=1, position=90)  # the batch ends the epoch
+    sampler = Sampler(loop)
+    start = loop.position
+    idx = sampler.take(16)
+    ahead = sampler.peek(16, 2)[:n]
+    owner_of_ahead = placement.owner[placement.blocks_of(ahead % n)]
+    by_shard = dict(placement.shards(idx))
+    perm = epoch_permutation(3, 1, n)
+    for k in range(2):
+        held = np.flatnonzero(placement.holder == k).tolist()
+        plan = BatchPlan(3, start, start + len(idx), placement.n_shards, placement.n_blocks,
+                         placement.block_size or 0, 16, 2,
+                         np.array([(g, 0, len(by_shard.get(g, ()))) for g in held], dtype=np.int64).reshape(-1, 3))
+        plan = BatchPlan.from_array(plan.to_array())
+        mine = set(np.flatnonzero(placement.owner == k).tolist())
+
+        def block_of(indices, mine=mine):
+            blocks = placement.blocks_of(indices)
+            return np.where(np.isin(blocks, list(mine)), blocks, -1)
+
+        got, counts = plan.indices(n, block_of, perm)
+        expected = [by_shard[g] for g in held if g in by_shard]
+        np.testing.assert_array_equal(got, np.concatenate(expected) if expected else idx[:0])
+        assert counts.tolist() == plan.shards[:, 2].tolist()
+        if placement.block_size:
+            np.testing.assert_array_equal(plan.ahead(n, 1, perm), ahead[owner_of_ahead == k])

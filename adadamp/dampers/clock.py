@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from ..wire.batches import epoch_permutation, next_keys
 from .base import TrainState
 
 
@@ -74,7 +75,7 @@ class LoopState:
         )
 
     def permutation(self) -> np.ndarray:
-        return np.random.default_rng([self.seed, self.data_epoch]).permutation(self.n_data)
+        return epoch_permutation(self.seed, self.data_epoch, self.n_data)
 
     def train_state(self, n_workers: int) -> TrainState:
         """What a damper sees before the next update."""
@@ -122,17 +123,9 @@ class Sampler:
         ([0, 0, 0, 0, 0, 1, 1], True)
         """
         lp = self.loop
-        position, epoch, keys = lp.position, lp.data_epoch, []
-        perm = self._perm if (position and self._perm is not None and self._perm_epoch == epoch) else None
-        for _ in range(batches):
-            if perm is None:
-                perm = LoopState(seed=lp.seed, n_data=lp.n_data, data_epoch=epoch).permutation()
-            stop = min(position + batch_size, lp.n_data)
-            keys.append(perm[position:stop] + epoch * lp.n_data)
-            position = stop
-            if position >= lp.n_data:
-                position, epoch, perm = 0, epoch + 1, None
-        return np.concatenate(keys).astype(np.int64)
+        held = lp.position and self._perm is not None and self._perm_epoch == lp.data_epoch
+        return next_keys(lp.seed, lp.n_data, lp.data_epoch, lp.position, batch_size, batches,
+                         self._perm if held else None)
 
     def advance(self, batch_size: int) -> range:
         """Move past the next batch without drawing it: its positions in this data epoch's permutation.

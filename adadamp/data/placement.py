@@ -18,18 +18,9 @@ from collections import Counter
 
 import numpy as np
 
+from ..wire.batches import shard_of_blocks
 
-def shard_of_blocks(n_blocks: int, n_shards: int) -> np.ndarray:
-    """The shard of each block: ``n_shards`` runs of consecutive blocks, the first
-    ``n_blocks % n_shards`` one block longer.
-
-    Examples
-    --------
-    >>> shard_of_blocks(5, 2).tolist()
-    [0, 0, 0, 1, 1]
-    """
-    sizes = [n_blocks // n_shards + (g < n_blocks % n_shards) for g in range(n_shards)]
-    return np.repeat(np.arange(n_shards, dtype=np.int64), sizes)
+__all__ = ["Placement", "plan_moves", "shard_of_blocks"]
 
 
 def plan_moves(

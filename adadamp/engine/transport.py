@@ -137,15 +137,15 @@ class Transport:
                     "epoch": r.epoch, "ahead": None if r.ahead is None else to_serialize(r.ahead),
                     "step": None if r.step is None else to_serialize(r.step), "in_reply": r.in_reply,
                     "buffers": None if buffers is None else to_serialize(buffers),
-                    "parts": None if r.parts is None else to_serialize(r.parts),
+                    "plan": None if r.plan is None else to_serialize(r.plan),
                 }
                 kwargs["weights"] = None if payload is None else to_serialize(payload)
-                rpc_sent += sum(a.nbytes for a in (r.indices, r.ahead, r.step, r.parts, payload, buffers) if a is not None)
+                rpc_sent += sum(a.nbytes for a in (r.indices, r.ahead, r.step, r.plan, payload, buffers) if a is not None)
                 rpc_calls.append((r.worker, "adadamp_gradient", kwargs))
                 rpc_slots.append(i)
                 continue
             try:
-                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step, r.in_reply, buffers, r.parts)
+                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step, r.in_reply, buffers, r.plan)
                 sent.add(i)
             except OSError as err:
                 replies[i] = err

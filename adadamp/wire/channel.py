@@ -52,7 +52,7 @@ from ..records import GradientReply
 # number of float64 "step" values (an all-reduce fit's update number and pending step, else 0),
 # 1 to have the gradient in the reply even where it would go to shared memory (else 0), number of
 # float32 running statistics (BatchNorm buffers) the share starts from (0: keep the worker's),
-# number of int64 "parts" values (an all-reduce request for several shards: seed and count each).
+# number of int64 "plan" values (an all-reduce request: its batches.BatchPlan as a vector).
 REQUEST = struct.Struct("<qqqqqqqqqq")
 # Reply: status (0 ok, 1 error), n, n_chunks, gradient floats, buffer floats, error bytes,
 # loss sum, chunk squared-norm sum, compute seconds, the loss's normalizer (weighted count),
@@ -60,7 +60,7 @@ REQUEST = struct.Struct("<qqqqqqqqqq")
 # the examples' digest (records.examples_digest).
 REPLY = struct.Struct("<qqqqqqdddddQ")
 MAX_STEP = 4096  # step values an all-reduce request may carry (two per optimizer param group)
-MAX_PARTS = 2 * 65536  # parts values a request may carry (two per shard)
+MAX_PLAN = 8 + 3 * 65536  # plan values a request may carry (8, then three per shard)
 TOKEN_BYTES = 32  # the per-fit key
 NONCE_BYTES = 16
 MAC = hashlib.sha256
@@ -140,7 +140,7 @@ def _give_up(selector: selectors.BaseSelector, pending: dict, conn: socket.socke
 class ChannelServer:
     """Serves one fit's gradient requests on a worker, in a thread of its own.
 
-    ``compute(weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, parts)`` returns the reply fields as
+    ``compute(weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, plan)`` returns the reply fields as
     a dict with numpy arrays; it runs in this thread, so the worker's event
     loop (heartbeats, Dask RPCs) keeps running while a gradient is computed.
     ``on_close()`` runs once when a channel the client sent requests on ends
@@ -289,7 +289,7 @@ class ChannelServer:
         return True
 
     def _serve_one(self, conn: socket.socket) -> bool:
-        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, n_step, in_reply, n_buffers, n_parts = _recv_header(
+        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, n_step, in_reply, n_buffers, n_plan = _recv_header(
             conn, REQUEST
         )
         self._used = True
@@ -302,8 +302,7 @@ class ChannelServer:
             or n_weights not in (0, self._weights.size)
             or not 0 <= n_step <= MAX_STEP
             or n_buffers not in (0, self._buffers.size)
-            or not 0 <= n_parts <= MAX_PARTS
-            or n_parts % 2
+            or not 0 <= n_plan <= MAX_PLAN
         ):
             raise ValueError(f"malformed request ({n_idx}+{n_ahead} indices, {n_chunks} chunks, {n_weights} weights)")
         indices = np.empty(n_idx + n_ahead, dtype=np.int64)
@@ -313,10 +312,10 @@ class ChannelServer:
         if n_step:
             step = np.empty(n_step, dtype=np.float64)
             recv_exactly(conn, _as_bytes(step))
-        parts = None
-        if n_parts:
-            parts = np.empty((n_parts // 2, 2), dtype=np.int64)
-            recv_exactly(conn, _as_bytes(parts))
+        plan = None
+        if n_plan:
+            plan = np.empty(n_plan, dtype=np.int64)
+            recv_exactly(conn, _as_bytes(plan))
         buffers = None
         if n_buffers:
             recv_exactly(conn, _as_bytes(self._buffers))
@@ -326,7 +325,7 @@ class ChannelServer:
             recv_exactly(conn, _as_bytes(self._weights))
             weights = self._weights
         try:
-            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead, step, bool(in_reply), buffers, parts)
+            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead, step, bool(in_reply), buffers, plan)
         except Exception as err:  # noqa: BLE001 -- any error is the client's to raise
             message = f"{type(err).__name__}: {err}".encode(errors="replace")[:MAX_ERROR_BYTES]
             conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0, 0.0, 0) + message)
@@ -396,23 +395,23 @@ class Channel:
         step: np.ndarray | None = None,
         in_reply: bool = False,
         buffers: np.ndarray | None = None,
-        parts: np.ndarray | None = None,
+        plan: np.ndarray | None = None,
     ) -> None:
         """Ask for the gradient over ``indices`` (send ``weights`` unless the worker maps them);
         ``ahead``: the examples the worker may start loading for the next request; ``step``: an
         all-reduce fit's update number and the step it applies first (float64); ``in_reply``:
         the gradient comes in the reply even if the worker maps shared memory; ``buffers``: the
-        running statistics (float32) the share starts from; ``parts``: the shards the indices are
-        (int64 rows of seed and count, all-reduce fits)."""
+        running statistics (float32) the share starts from; ``plan``: an all-reduce member's
+        batch plan (int64, :class:`~adadamp.wire.batches.BatchPlan`), its indices then empty."""
         ahead = np.zeros(0, dtype=np.int64) if ahead is None else ahead
         both = np.concatenate([np.asarray(indices, dtype=np.int64), np.asarray(ahead, dtype=np.int64)])
         step = np.zeros(0) if step is None else np.asarray(step, dtype=np.float64)
-        parts = np.zeros((0, 2), dtype=np.int64) if parts is None else np.ascontiguousarray(parts, dtype=np.int64)
+        plan = np.zeros(0, dtype=np.int64) if plan is None else np.ascontiguousarray(plan, dtype=np.int64)
         header = REQUEST.pack(
             len(indices), n_chunks, seed, 0 if weights is None else weights.size, epoch, len(ahead), len(step),
-            int(in_reply), 0 if buffers is None else buffers.size, parts.size,
+            int(in_reply), 0 if buffers is None else buffers.size, plan.size,
         )
-        chunks = [header, _as_bytes(both)] + [_as_bytes(a) for a in (step, parts) if a.size]
+        chunks = [header, _as_bytes(both)] + [_as_bytes(a) for a in (step, plan) if a.size]
         chunks += [] if buffers is None else [_as_bytes(np.ascontiguousarray(buffers, dtype=np.float32))]
         chunks += [] if weights is None else [_as_bytes(weights)]
         send_all(self.sock, chunks)

@@ -34,6 +34,7 @@ from distributed import WorkerPlugin
 from distributed.protocol import to_serialize
 
 from ..records import GradientReply
+from ..wire.batches import BatchPlan
 from ..wire.channel import IDLE_TIMEOUT, ChannelServer, tcp_host
 from ..wire.parameters import bind_parameters, flatten_parameters, float_buffers
 from ..wire.shm import attach, attach_data
@@ -244,13 +245,13 @@ class Trainer:
     # ------------------------------------------------------------------ updates
     async def adadamp_gradient(
         self, fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None, step=None,
-        in_reply=False, buffers=None, parts=None,
+        in_reply=False, buffers=None, plan=None,
     ) -> dict:
         """The gradient as a Dask RPC (workers without a channel)."""
         state = self.fits[fit_id]
 
         def run():
-            r = compute(state, weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, parts)
+            r = compute(state, weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, plan)
             state.inline = r.compute_time < INLINE_SECONDS and state.replica is None  # collectives block
             reply = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
             for key in ("grad", "buffers"):
@@ -317,14 +318,13 @@ def load_block(fit_id: str, block: int, start: int, X, y) -> int:
 
 def compute(
     state: FitState, weights, indices, n_chunks, seed, epoch=0, ahead=None, step=None, in_reply=False, buffers=None,
-    parts=None,
+    plan=None,
 ) -> GradientReply:
-    """One request: an all-reduce replica's update, else the share's gradient sum (``in_reply``:
-    sent back in the reply even where it would go to shared memory; ``buffers``: the running
-    statistics the share starts from; ``parts``: the replica's shards, seed and count each)."""
+    """One request: an all-reduce replica's update (``plan``: its :class:`~adadamp.wire.batches.BatchPlan`
+    as a vector), else the share's gradient sum (``in_reply``: sent back in the reply even where
+    it would go to shared memory; ``buffers``: the running statistics the share starts from)."""
     ahead = np.zeros(0, dtype=np.int64) if ahead is None else np.asarray(ahead)
     if state.replica is not None:
-        parts = np.array([[seed, len(indices)]], dtype=np.int64) if parts is None else np.asarray(parts)
-        return state.replica.update(np.asarray(indices), n_chunks, parts, epoch, ahead, np.asarray(step))
+        return state.replica.update(BatchPlan.from_array(plan), n_chunks, epoch, np.asarray(step))
     buffers = None if buffers is None else np.asarray(buffers)
     return share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead, in_reply, buffers)

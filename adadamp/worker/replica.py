@@ -42,6 +42,7 @@ from distributed.utils import sync
 
 from ..exceptions import CollectiveError
 from ..records import GradientReply, examples_digest
+from ..wire.batches import BatchPlan, epoch_permutation
 from ..wire.optimizer_plan import apply_settings
 from ..wire.parameters import trainable
 from .gradient import examples, gradient_sum
@@ -265,6 +266,7 @@ class Replica:
         self.backend = collective_backend(state.device)
         self.applied = int(applied)
         self.pending: int | None = None
+        self._perm, self._perm_key = None, None  # the data epoch's permutation, cached
         self.group = None
         self.generation: int | None = None
         self.rank, self.size = 0, 1
@@ -389,14 +391,14 @@ class Replica:
         self.applied, self.pending = update + 1, None
 
     # ------------------------------------------------------------------ one update
-    def update(self, indices: np.ndarray, n_chunks: int, parts: np.ndarray, epoch: int, ahead: np.ndarray,
-               step: np.ndarray) -> GradientReply:
+    def update(self, plan: BatchPlan, n_chunks: int, epoch: int, step: np.ndarray) -> GradientReply:
         """Take the pending step, compute the gradient sum of this member's shards and all-reduce the batch's.
 
-        ``parts``: one row per shard, its dropout seed and example count (``indices`` holds their
-        examples in shard order).  Each shard is its own forward and backward pass, starting from
-        the update's running statistics, as on the parameter server: a shard's gradient, dropout
-        masks and BatchNorm statistics do not depend on how many shards this member computes.
+        ``plan`` names the batch (a slice of data epoch ``epoch``'s permutation) and this member's
+        shards; the member finds their examples itself.  Each shard is its own forward and backward
+        pass, starting from the update's running statistics, as on the parameter server: a shard's
+        gradient, dropout masks and BatchNorm statistics do not depend on how many shards this
+        member computes.
         """
         state = self.state
         with state.lock:
@@ -408,6 +410,7 @@ class Replica:
             self.take_step(step)
             if self.applied != update:
                 raise RuntimeError(f"replica at update {self.applied} asked for update {update}")
+            indices, parts, ahead = self._examples_of(plan, epoch)
             X, y = examples(state, indices, epoch, ahead)
             overlap = n_chunks <= 1 and self.size > 1  # chunk statistics need the local sum first
             before = _flat(state.buffers) if state.buffers else None  # what a failed update leaves
@@ -444,6 +447,19 @@ class Replica:
                 grad_sq_norm=sq_norm if math.isfinite(sq_norm) else math.inf,
                 digest=examples_digest(indices),  # this member's examples (the client adds them up)
             )
+
+    def _examples_of(self, plan: BatchPlan, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The plan's examples of this member's shards (in shard order), one ``(dropout seed, count)``
+        row per shard with any, and the keys it may load ahead."""
+        n = self.state.data.n_total
+        if self._perm_key != (plan.seed, epoch, n):
+            self._perm, self._perm_key = epoch_permutation(plan.seed, epoch, n), (plan.seed, epoch, n)
+        indices, counts = plan.indices(n, self.state.data.block_of, self._perm)
+        if not np.array_equal(counts, plan.shards[:, 2]):
+            raise RuntimeError(f"rank {self.rank} finds {counts.tolist()} examples in its shards "
+                               f"{plan.shards[:, 0].tolist()}, the client counted {plan.shards[:, 2].tolist()}")
+        parts = np.column_stack([plan.shards[:, 1], counts])[counts > 0]
+        return indices, parts, plan.ahead(n, epoch, self._perm)
 
     def _shard_sums(
         self, X, y, n_chunks: int, parts: np.ndarray, overlap: bool, start: torch.Tensor | None

@@ -129,10 +129,19 @@ class ResidentData:
 
     def _reindex(self) -> None:
         """The blocks' starts, in order, with each one's end, segment and first row (for :meth:`gather`)."""
-        held = sorted((span.start, span.stop, segment, row) for span, segment, row in self._blocks.values() if span)
-        self._starts, self._stops, self._segment_of, self._first_row = (
-            np.array(column, dtype=np.int64) for column in (zip(*held) if held else ([], [], [], []))
+        held = sorted((span.start, span.stop, segment, row, b) for b, (span, segment, row) in self._blocks.items() if span)
+        self._starts, self._stops, self._segment_of, self._first_row, self._block_ids = (
+            np.array(column, dtype=np.int64) for column in (zip(*held) if held else ([], [], [], [], []))
         )
+
+    def block_of(self, indices: np.ndarray) -> np.ndarray:
+        """The block of each global index, -1 where it is not held here."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if not len(self._starts):
+            return np.full(len(indices), -1, dtype=np.int64)
+        pos = np.searchsorted(self._starts, indices, side="right") - 1
+        inside = (pos >= 0) & (indices < self._stops[np.maximum(pos, 0)])
+        return np.where(inside, self._block_ids[np.maximum(pos, 0)], -1)
 
     def gather(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The inputs and targets of ``indices`` on the device (in the indices' order when they are

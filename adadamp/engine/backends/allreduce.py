@@ -58,12 +58,13 @@ from ...dampers.clock import LoopState, Sampler
 from ...dampers.epoch import run_epoch
 from ...exceptions import CollectiveError, NoWorkersError, StopTraining
 from ...records import ShareRequest
+from ...wire.batches import BatchPlan, dropout_seed
 from ...wire.optimizer_plan import apply_plan, group_settings
 from ...wire.parameters import flatten_parameters, float_buffers
 from ...worker.replica import ABORT, dump_state, load_state, step_vector
 from ..aggregation import Totals
 from ..transport import LOST
-from .base import Backend, Batch, dropout_seed
+from .base import PREFETCH_BATCHES, Backend, Batch
 from .rounds import MAX_RECOMPUTES, in_rounds, triage
 
 logger = logging.getLogger(__name__)
@@ -311,32 +312,32 @@ class AllReduce(Backend):
             raise NoWorkersError("every replica was lost before the client's copy could be brought up to date")
 
     # ------------------------------------------------------------------ training
-    def _reduce(self, idx: np.ndarray, n_chunks: int, epoch: int, ahead: np.ndarray | None) -> Totals:
+    def _reduce(self, batch: Batch) -> Totals:
         """One update's round on the replicas; returns the batch's totals, with the squared norm of
-        its mean gradient.  A lost worker: the next generation recomputes the update."""
+        its mean gradient.  A lost worker: the next generation recomputes the update.
+
+        Each member's request names the batch and the member's shards (a
+        :class:`~adadamp.wire.batches.BatchPlan`: a few integers per shard), not its examples: the
+        client sends a few hundred bytes per member whatever the batch."""
 
         def one_round(_k: int) -> tuple[Totals | None, list[str]]:
             self._ensure_group()
-            lp = self.loop
-            mine: dict[int, list] = {}  # each member's shards of the batch, in shard order
-            for g, sub in self.placement.shards(idx):
-                mine.setdefault(int(self.placement.holder[g]), []).append((g, sub))
-            ahead_rank = None
-            if ahead is not None:
-                ahead_rank = self.placement.owner[self.placement.blocks_of(ahead % lp.n_data)]
+            lp, placement = self.loop, self.placement
+            counts = dict.fromkeys(range(placement.n_shards), 0)
+            counts.update({g: len(sub) for g, sub in placement.shards(batch.idx)})
             step = self._step_vector(lp.n_updates)
             requests = []
             for k, w in enumerate(self.workers):
-                shards = mine.get(k, [])
-                parts = np.array(
-                    [(dropout_seed(lp.seed, lp.n_updates, g), len(sub)) for g, sub in shards], dtype=np.int64
-                ).reshape(-1, 2)
-                requests.append(ShareRequest(
-                    w, 0, np.concatenate([sub for _, sub in shards]) if shards else _NO_INDICES, epoch,
-                    ahead=None if ahead_rank is None else ahead[ahead_rank == k], step=step, parts=parts,
-                ))
+                shards = [(g, dropout_seed(lp.seed, lp.n_updates, g), counts[g])
+                          for g in np.flatnonzero(placement.holder == k).tolist()]
+                plan = BatchPlan(
+                    lp.seed, batch.start, batch.start + len(batch.idx), placement.n_shards, placement.n_blocks,
+                    placement.block_size or 0, batch.size if batch.ahead is not None else 0, PREFETCH_BATCHES,
+                    np.array(shards, dtype=np.int64).reshape(-1, 3),
+                )
+                requests.append(ShareRequest(w, 0, _NO_INDICES, batch.epoch, step=step, plan=plan.to_array()))
             totals, replied = Totals(), []
-            replies, totals.send = self.transport.round(requests, n_chunks, None, on_reply=_collect(totals, replied))
+            replies, totals.send = self.transport.round(requests, batch.n_chunks, None, on_reply=_collect(totals, replied))
             dead, failed = triage(self.members, [q.worker for q in requests], replies, collectives=True)
             if not dead and not failed:
                 r = replied[0]  # every member holds the same all-reduced totals
@@ -358,7 +359,7 @@ class AllReduce(Backend):
 
     def _gradient_round(self, batch: Batch) -> Totals:
         """The batch's mean gradient, all-reduced and kept pending on the replicas."""
-        return self._reduce(batch.idx, batch.n_chunks, batch.epoch, batch.ahead)
+        return self._reduce(batch)
 
     def _finite(self, loss: float, total: Totals) -> bool:
         return math.isfinite(loss) and math.isfinite(total.grad_sq_norm)

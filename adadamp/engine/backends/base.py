@@ -64,11 +64,8 @@ class Batch:
     ahead: np.ndarray | None
     need: str | None
     n_chunks: int
-
-
-def dropout_seed(seed: int, n_updates: int, part: int) -> int:
-    """The random seed of shard ``part`` of update ``n_updates`` (dropout masks), on both backends."""
-    return (seed * 1_000_003 + n_updates * 7919 + part) % 2**63
+    start: int = 0  #: the batch's first position in its data epoch's permutation
+    size: int = 0  #: the batch size the damper asked for (the last batch of an epoch may have fewer)
 
 
 def mark_base_lr(optimizer: torch.optim.Optimizer) -> None:
@@ -379,14 +376,14 @@ class Backend(abc.ABC):
             ahead = self.damper.forecast_batch_size(state.epoch + self.policy.prescale_epochs) or 0
             self.members.scale_for(batch_size, ahead)
         self._reshard(batch_size)
-        epoch = self.loop.data_epoch
+        epoch, start = self.loop.data_epoch, self.loop.position
         idx = self.sampler.take(batch_size)
         ahead = None
         if self.data.reads_ahead:  # the next batches, if they are as large: loaded meanwhile
             ahead = self.sampler.peek(batch_size, PREFETCH_BATCHES)[: self.loop.n_data]
         need = self.damper.stats_level()
         n_chunks = 2 if need == "chunks" else 1  # "norm" is computed from the summed gradient
-        return Batch(state, idx, epoch, ahead, need, n_chunks)
+        return Batch(state, idx, epoch, ahead, need, n_chunks, start, batch_size)
 
     def update(self) -> dict:
         """One model update; returns its record for the history."""

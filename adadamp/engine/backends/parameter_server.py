@@ -33,10 +33,11 @@ import numpy as np
 import torch
 
 from ...records import ShareRequest
+from ...wire.batches import dropout_seed
 from ...wire.optimizer_plan import apply_plan
 from ...wire.parameters import bind_parameters, flatten_parameters, float_buffers
 from ..aggregation import GradientSum, Totals
-from .base import Backend, Batch, dropout_seed
+from .base import Backend, Batch
 from .rounds import MAX_RECOMPUTES, in_rounds, triage
 
 logger = logging.getLogger(__name__)

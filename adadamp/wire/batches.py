@@ -1,0 +1,131 @@
+"""How an update's batch is named, the same on both sides of the connection.
+
+The examples of an update are a slice of one seeded permutation per data epoch
+(:func:`epoch_permutation`); they are cut by shards, each shard a run of data blocks
+(:func:`shard_of_blocks`), and each shard's dropout masks come from :func:`dropout_seed`.  The
+client draws batches from these (:mod:`adadamp.dampers.clock`, :mod:`adadamp.data.placement`);
+an all-reduce member computes its own shards' examples from a :class:`BatchPlan`, so a request
+carries a few integers per shard instead of every example index (a few hundred bytes whatever
+the batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+__all__ = ["BatchPlan", "dropout_seed", "epoch_permutation", "next_keys", "shard_of_blocks"]
+
+
+def epoch_permutation(seed: int, data_epoch: int, n: int) -> np.ndarray:
+    """The order of the ``n`` examples in data epoch ``data_epoch`` of a fit seeded ``seed``."""
+    return np.random.default_rng([seed, data_epoch]).permutation(n)
+
+
+def next_keys(seed: int, n: int, data_epoch: int, position: int, batch_size: int, batches: int,
+              perm: np.ndarray | None = None) -> np.ndarray:
+    """The examples of the ``batches`` batches of ``batch_size`` that start at ``position`` of data
+    epoch ``data_epoch``, as keys ``data_epoch * n + index`` (a batch never straddles two epochs).
+
+    ``perm``: this epoch's permutation when the caller holds it already.
+
+    Examples
+    --------
+    >>> keys = next_keys(0, 5, 0, 0, 2, batches=4)  # 2 + 2 + 1 (the end of epoch 0), then 2 of epoch 1
+    >>> (keys // 5).tolist()
+    [0, 0, 0, 0, 0, 1, 1]
+    """
+    keys = []
+    for _ in range(batches):
+        if perm is None:
+            perm = epoch_permutation(seed, data_epoch, n)
+        stop = min(position + batch_size, n)
+        keys.append(perm[position:stop] + data_epoch * n)
+        position = stop
+        if position >= n:
+            position, data_epoch, perm = 0, data_epoch + 1, None
+    return np.concatenate(keys).astype(np.int64) if keys else np.zeros(0, dtype=np.int64)
+
+
+def shard_of_blocks(n_blocks: int, n_shards: int) -> np.ndarray:
+    """The shard of each block: ``n_shards`` runs of consecutive blocks, the first
+    ``n_blocks % n_shards`` one block longer.
+
+    Examples
+    --------
+    >>> shard_of_blocks(5, 2).tolist()
+    [0, 0, 0, 1, 1]
+    """
+    sizes = [n_blocks // n_shards + (g < n_blocks % n_shards) for g in range(n_shards)]
+    return np.repeat(np.arange(n_shards, dtype=np.int64), sizes)
+
+
+def dropout_seed(seed: int, n_updates: int, part: int) -> int:
+    """The random seed of shard ``part`` of update ``n_updates`` (dropout masks), on both backends."""
+    return (seed * 1_000_003 + n_updates * 7919 + part) % 2**63
+
+
+@dataclasses.dataclass
+class BatchPlan:
+    """An all-reduce member's part of one update, described rather than listed.
+
+    The batch is ``epoch_permutation(seed, data_epoch, n)[start:stop]``; the member computes the
+    examples of its shards in the batch, one forward and backward pass per shard, and may load
+    the next ``ahead_batches`` batches of ``ahead_size`` examples of its shards meanwhile (lazy
+    Datasets).  On the wire it is one int64 vector (:meth:`to_array`).
+    """
+
+    seed: int  #: the fit's seed (the permutation's)
+    start: int  #: the batch's first position in the data epoch's permutation
+    stop: int  #: one past its last
+    n_shards: int  #: the shards the batch is cut into
+    n_blocks: int  #: the data's blocks (runs of consecutive examples), grouped into shards
+    block_size: int  #: examples per block; 0: blocks of their own sizes (a dask collection's partitions)
+    ahead_size: int  #: the next batches' size (0: nothing to load ahead)
+    ahead_batches: int  #: how many of them
+    #: int64 (k, 3): every shard the member holds, its dropout seed and its example count in this batch
+    shards: np.ndarray
+
+    def to_array(self) -> np.ndarray:
+        """The plan as one int64 vector (8 header values, then 3 per shard)."""
+        head = [self.seed, self.start, self.stop, self.n_shards, self.n_blocks, self.block_size,
+                self.ahead_size, self.ahead_batches]
+        return np.concatenate([np.array(head, dtype=np.int64), np.asarray(self.shards, dtype=np.int64).ravel()])
+
+    @classmethod
+    def from_array(cls, values: np.ndarray) -> BatchPlan:
+        """The plan :meth:`to_array` wrote; ``ValueError`` on a vector that is not one."""
+        values = np.asarray(values, dtype=np.int64)
+        if len(values) < 8 or (len(values) - 8) % 3:
+            raise ValueError(f"a batch plan has 8 + 3 * k values, not {len(values)}")
+        return cls(*(int(v) for v in values[:8]), shards=values[8:].reshape(-1, 3))
+
+    def indices(self, n: int, block_of, perm: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The member's examples in the batch, shard after shard (each in the batch's order), and
+        the example count of each of its shards.
+
+        ``block_of(indices)``: the block of each index (-1 where it is not held here), used when
+        blocks have their own sizes; ``perm``: the data epoch's permutation, if held already.
+        """
+        idx = perm[self.start : self.stop]
+        if self.block_size:
+            block = idx // self.block_size
+        else:
+            block = np.asarray(block_of(idx), dtype=np.int64)
+        held = block >= 0
+        shard = np.full(len(idx), -1, dtype=np.int64)
+        shard[held] = shard_of_blocks(self.n_blocks, self.n_shards)[block[held]]
+        mine = [idx[shard == g] for g in self.shards[:, 0].tolist()]
+        counts = np.array([len(m) for m in mine], dtype=np.int64)
+        return (np.concatenate(mine) if mine else idx[:0]), counts
+
+    def ahead(self, n: int, data_epoch: int, perm: np.ndarray | None = None) -> np.ndarray:
+        """The keys of the next batches' examples in this member's shards (uniform blocks only)."""
+        if not self.ahead_size or not self.block_size:
+            return np.zeros(0, dtype=np.int64)
+        position, epoch = (self.stop, data_epoch) if self.stop < n else (0, data_epoch + 1)
+        keys = next_keys(self.seed, n, epoch, position, self.ahead_size, self.ahead_batches,
+                         perm if epoch == data_epoch else None)[:n]
+        shard = shard_of_blocks(self.n_blocks, self.n_shards)[(keys % n) // self.block_size]
+        return keys[np.isin(shard, self.shards[:, 0])]
