@@ -133,6 +133,33 @@ async def watch_workers(client: Client, interval: float, report) -> None:
         await asyncio.sleep(interval)
 
 
+#: attempts of :func:`register_worker_plugin` (each retry follows a worker lost mid-broadcast)
+PLUGIN_ATTEMPTS = 3
+
+
+def register_worker_plugin(client: Client, plugin, name: str) -> None:
+    """``client.register_plugin(plugin, name=name)`` for a worker plugin, surviving a worker lost meanwhile.
+
+    The scheduler sends the plugin to every worker it lists.  When one of them is lost mid-broadcast
+    (a host gone or cut off before the scheduler dropped it: the broadcast's connection closes when
+    the scheduler removes the worker), the scheduler takes the broadcast's ``CommClosedError`` for
+    its caller's and closes the client's connection (``distributed.core.Server.handle_comm``): the
+    client raises ``CommClosedError`` (an ``OSError``) although the scheduler is up.  The worker is
+    gone from the scheduler by then, so the registration is sent again if the scheduler answers
+    (``client.nthreads()``, on a new connection); if it does not answer, that error is raised.
+    """
+    for attempt in range(1, PLUGIN_ATTEMPTS + 1):
+        try:
+            client.register_plugin(plugin, name=name)
+            return
+        except OSError as err:  # CommClosedError included
+            if attempt == PLUGIN_ATTEMPTS:
+                raise
+            client.nthreads()  # raises where the scheduler itself is lost (scheduler_info would not)
+            logger.warning("registering worker plugin %s failed (%s: %s), a worker was likely lost "
+                           "mid-broadcast; registering again", name, type(err).__name__, err)
+
+
 def request_workers(client: Client, n: int) -> bool:
     """Ask the cluster for ``n`` workers without waiting. False if it cannot scale."""
     cluster = getattr(client, "cluster", None)
