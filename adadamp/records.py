@@ -1,14 +1,18 @@
-"""What the engine passes around, defined once: a worker's gradient reply, one update's record,
-one epoch's row of ``history_``, and the training state a fit works on.
+"""What the engine passes around, defined once: the messages between the client and its workers
+(a share request and its gradient reply, a worker's set-up and its reply, block moves, the
+all-reduce step vector), one update's record, one epoch's row of ``history_``, and the training
+state a fit works on.
 
 Plain dataclasses with no Dask and no engine imports, so the workers (``adadamp.worker.plugin``,
-``adadamp.wire.channel``) use them without importing the client side.  ``history_`` keeps plain dicts
+``adadamp.wire.channel``) use them without importing the client side.  A message crosses a Dask
+RPC as plain data: :func:`to_message` on the sending side, ``Record(**message)`` on the other.  ``history_`` keeps plain dicts
 (callbacks add keys such as ``valid_loss`` or ``event_cp``); :meth:`UpdateRecord.row` and
 :func:`epoch_row` are where those dicts are made.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -76,6 +80,124 @@ class ShareRequest:
     shard: int = 0
     in_reply: bool = False
     plan: np.ndarray | None = None  # int64: BatchPlan.to_array()
+
+
+def to_message(record) -> dict:
+    """A record as the keyword arguments or the reply of a Dask RPC (msgpack takes no dataclasses);
+    records in its fields become dicts too.  Shallow otherwise: no array or bytes is copied.
+
+    Examples
+    --------
+    >>> to_message(SetupReply(shared=False, shared_data=False, channel=ChannelOffer(8786, b"k")))
+    {'shared': False, 'shared_data': False, 'channel': {'port': 8786, 'token': b'k'}}
+    """
+    return {f.name: _plain(getattr(record, f.name)) for f in dataclasses.fields(record)}
+
+
+def _plain(value):
+    return to_message(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
+
+
+@dataclass
+class ReplicaSettings:
+    """What an all-reduce fit's set-up adds: the worker builds a replica (:mod:`adadamp.worker.replica`)."""
+
+    timeout: float  # seconds a collective may run before its members look for a failed peer
+    bucket_mb: float  # the size of the gradient buckets all-reduced during the backward pass
+    applied: int  # the updates the payload's state has taken: steps are numbered from it, none taken twice
+
+
+@dataclass
+class SetupRequest:
+    """A worker's set-up for one fit: the arguments of the ``adadamp_setup`` RPC."""
+
+    fit_id: str  # several fits may share a worker: every later call names its fit
+    payload: bytes = field(repr=False)  # cloudpickled (module, criterion, device[, optimizer]): large
+    n_total: int  # the examples of the fit: a request naming any other index is refused
+    channel: bool = False  # open a gradient channel (a tcp:// worker, dask config adadamp.channels)
+    shared: dict | None = field(default=None, repr=False)  # SharedBuffers.offer: files to map, their token (a secret)
+    dataset: bytes | None = field(default=None, repr=False)  # a lazy torch Dataset and how to load it (pickled)
+    replica: ReplicaSettings | None = None  # all-reduce fits: the payload holds the optimizer too
+
+    def __post_init__(self):
+        if isinstance(self.replica, dict):  # as it crossed the RPC
+            self.replica = ReplicaSettings(**self.replica)
+
+
+@dataclass
+class ChannelOffer:
+    """Where the client reaches a worker's gradient channel (:mod:`adadamp.wire.channel`)."""
+
+    port: int  # on the worker's host
+    token: bytes = field(repr=False)  # the secret the client proves itself with: never logged
+
+
+@dataclass
+class SetupReply:
+    """What a worker's set-up found: the reply of the ``adadamp_setup`` RPC."""
+
+    shared: bool  # it maps the client's shared memory: the weights and gradient, or (a replica) the data
+    shared_data: bool  # it maps the client's training data: its blocks are placed by number only
+    channel: ChannelOffer | None = None  # the gradient channel it opened (None: gradients go as Dask RPCs)
+
+    def __post_init__(self):
+        if isinstance(self.channel, dict):  # as it crossed the RPC
+            self.channel = ChannelOffer(**self.channel)
+
+
+@dataclass
+class Block:
+    """One block of the fit's examples, placed on a worker (:mod:`adadamp.data.placement`)."""
+
+    block: int  # the placement's number: blocks are dropped by it
+    indices: np.ndarray  # the examples' global indices (consecutive): requests name examples by them
+    X: np.ndarray | None = None  # None, with y: the worker reads the examples from the client's shared memory
+    y: np.ndarray | None = None
+
+
+@dataclass
+class BlockMove:
+    """A worker's change of data blocks: the arguments of the ``adadamp_data`` RPC."""
+
+    fit_id: str  # the fit whose blocks change
+    add: list[Block]  # the blocks it takes (sent pickled: they hold arrays)
+    drop: list[int]  # the numbers of the blocks it gives up
+
+
+@dataclass(frozen=True)
+class StepVector:
+    """What an all-reduce request carries besides the indices: the update it is, and the step the
+    replicas still owe (:mod:`adadamp.worker.replica`).  Float64 numbers on the wire (:meth:`encode`).
+
+    Examples
+    --------
+    >>> StepVector(2, 7, 6, 1.0, (0.1, 0.9)).encode().tolist()
+    [2.0, 7.0, 6.0, 1.0, 0.1, 0.9]
+    >>> StepVector.decode([2.0, 7.0, -1.0, 1.0]).step_of
+    -1
+    """
+
+    generation: int  # the group the request is for: a replica of another generation refuses it
+    update: int  # the update number: a replica at another update refuses it
+    step_of: int = -1  # the update whose step to take first (-1: none)
+    buffer_scale: float = 1.0  # that step's momentum-buffer scale (velocity compensation)
+    settings: tuple[float, ...] = ()  # that step's learning rate and momentum, per param group
+
+    #: The numbers before the settings.
+    HEADER: ClassVar[int] = 4
+
+    def encode(self) -> np.ndarray:
+        """The vector a request sends."""
+        return np.array([self.generation, self.update, self.step_of, self.buffer_scale, *self.settings],
+                        dtype=np.float64)
+
+    @classmethod
+    def decode(cls, vector) -> StepVector | None:
+        """The record of a vector :meth:`encode` made (None: no step)."""
+        if vector is None:
+            return None
+        v = np.asarray(vector, dtype=np.float64)
+        return cls(int(v[0]), int(v[1]), int(v[2]), float(v[3]), tuple(v[cls.HEADER:].tolist()))
 
 
 @dataclass

@@ -29,7 +29,16 @@ from adadamp import DaskRegressor, checkpoint
 from adadamp.callbacks import Callback
 from adadamp.dampers import AdaScale, GeoDamp
 from adadamp.engine.transport import Transport
-from adadamp.records import GradientReply, ShareRequest
+from adadamp.records import (
+    Block,
+    BlockMove,
+    ChannelOffer,
+    GradientReply,
+    SetupReply,
+    SetupRequest,
+    ShareRequest,
+    to_message,
+)
 from adadamp.wire import shm
 from adadamp.wire.channel import Channel, ChannelServer
 from adadamp.worker import plugin as _worker
@@ -347,19 +356,19 @@ def test_a_channel_nobody_authenticates_on_closes_but_the_fit_goes_on(client):
     weights = torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy()
     old = client.run(_set_accept_timeout, 1.0, workers=[worker])[worker]
     try:
-        setup = {"fit_id": fit_id, "payload": cloudpickle.dumps((module, torch.nn.MSELoss(), "cpu")),
-                 "n_total": len(X), "channel": True}
-        [reply] = transport.call_all([(worker, "adadamp_setup", setup)])
-        offer = reply["channel"]
-        transport.connect(worker, {**offer, "token": bytes(len(offer["token"]))})  # a wrong key
+        setup = SetupRequest(fit_id, cloudpickle.dumps((module, torch.nn.MSELoss(), "cpu")), len(X), channel=True)
+        [reply] = transport.call_all([(worker, "adadamp_setup", to_message(setup))])
+        offer = SetupReply(**reply).channel
+        assert "token" not in repr(offer)  # a secret: a record logged shows none
+        transport.connect(worker, ChannelOffer(offer.port, bytes(len(offer.token))))  # a wrong key
         assert worker not in transport.channels  # ... so its gradients go through Dask RPCs
-        blocks = to_serialize([(0, np.arange(len(X)), X, y)])
-        [placed] = transport.call_all([(worker, "adadamp_data", {"fit_id": fit_id, "add": blocks, "drop": []})])
+        move = BlockMove(fit_id, [Block(0, np.arange(len(X)), X, y)], [])
+        [placed] = transport.call_all([(worker, "adadamp_data", {**to_message(move), "add": to_serialize(move.add)})])
         assert list(placed["blocks"]) == [0]
         share = [ShareRequest(worker, seed=0, indices=np.arange(len(X)))]
         [before], _ = transport.round(share, 1, weights, on_reply=lambda *a: None)
         deadline = time.monotonic() + 30
-        while not _refused(offer["port"]):  # the listener gave up waiting
+        while not _refused(offer.port):  # the listener gave up waiting
             assert time.monotonic() < deadline, "the worker kept listening"
             time.sleep(0.1)
         [after], _ = transport.round(share, 1, weights, on_reply=lambda *a: None)
@@ -376,7 +385,7 @@ def test_a_channel_nobody_authenticates_on_closes_but_the_fit_goes_on(client):
 def _index_bytes(n_total: int) -> tuple[int, int]:
     """(bytes allocated at the peak while a worker indexes two blocks of 1000 examples out of
     ``n_total``, bytes of those blocks)."""
-    blocks = [(b, np.arange(start, start + 1000), np.ones((1000, 2), np.float32), np.zeros(1000, np.float32))
+    blocks = [Block(b, np.arange(start, start + 1000), np.ones((1000, 2), np.float32), np.zeros(1000, np.float32))
               for b, start in ((3, 5000), (7, 9000))]
     tracemalloc.start()
     try:
@@ -390,7 +399,7 @@ def _index_bytes(n_total: int) -> tuple[int, int]:
     assert X.shape == (3, 2) and y.shape == (3,)
     with pytest.raises(KeyError, match="not resident"):
         data.gather(np.array([4999]))
-    return peak, sum(X.nbytes + y.nbytes for *_, X, y in blocks)
+    return peak, sum(b.X.nbytes + b.y.nbytes for b in blocks)
 
 
 def test_a_workers_index_grows_with_its_blocks_not_with_the_data_set():

@@ -9,6 +9,7 @@ from torch import nn
 
 from adadamp import DaskRegressor, building
 from adadamp.dampers import AdaScale, DynamicSGD, RadaDamp
+from adadamp.records import Block
 from adadamp.wire import parameters
 from adadamp.worker import gradient
 from adadamp.worker.state import FitState
@@ -20,7 +21,7 @@ def _fit_state(module, criterion, n=16, seed=0):
     y = rng.normal(size=(n, 1)).astype(np.float32)
     flat, grads = parameters.flatten_parameters(module)
     state = FitState(module, criterion, torch.device("cpu"), flat, grads, n, buffers=parameters.float_buffers(module))
-    state.update_blocks([(0, np.arange(n), X, y)], [])
+    state.update_blocks([Block(0, np.arange(n), X, y)], [])
     return state
 
 

@@ -35,6 +35,7 @@ from dask.base import tokenize
 from distributed import Client, Future, wait
 from distributed.protocol import to_serialize
 
+from ..records import Block, BlockMove, to_message
 from ..wire.lost import LOST
 from ..worker.plugin import load_block
 from .digest import data_digest
@@ -137,13 +138,11 @@ class ArrayData(DataSource):
         mapped = transport.shared.maps_data if transport.shared is not None else set()
         for w, blocks_of_w in add.items():
             if w in mapped:  # on the client's machine: it reads the data from shared memory
-                blocks = [(b, np.arange(placement.rows(b).start, placement.rows(b).stop), None, None)
-                          for b in blocks_of_w]
+                blocks = [Block(b, np.arange(placement.rows(b).start, placement.rows(b).stop)) for b in blocks_of_w]
             else:
-                blocks = [(b, *self.rows(placement.rows(b))) for b in blocks_of_w]
+                blocks = [Block(b, *self.rows(placement.rows(b))) for b in blocks_of_w]
             if blocks or drop[w]:
-                kwargs = {"fit_id": transport.fit_id, "add": to_serialize(blocks), "drop": drop[w]}
-                calls.append((w, "adadamp_data", kwargs))
+                calls.append(_data_call(w, BlockMove(transport.fit_id, blocks, drop[w])))
         return _lost_ones(calls, transport.call_all(calls, timeout=timeout))
 
 
@@ -177,7 +176,7 @@ class DaskArrayData(DataSource):
 
     def move(self, transport: Transport, placement: Placement, add: dict, drop: dict, timeout: float) -> dict:
         """Place each new block by a task on its worker; returns ``{worker: error}`` for the lost."""
-        drops = [(w, "adadamp_data", {"fit_id": transport.fit_id, "add": [], "drop": drop[w]}) for w in drop if drop[w]]
+        drops = [_data_call(w, BlockMove(transport.fit_id, [], drop[w])) for w in drop if drop[w]]
         failed = _lost_ones(drops, transport.call_all(drops, timeout=timeout))
         futures = []
         for w, blocks in add.items():
@@ -274,6 +273,11 @@ def _flat(keys):
             yield from _flat(k)
         else:
             yield k
+
+
+def _data_call(worker: str, move: BlockMove) -> tuple[str, str, dict]:
+    """The ``adadamp_data`` RPC of ``move`` (its blocks pickled: they hold arrays)."""
+    return worker, "adadamp_data", {**to_message(move), "add": to_serialize(move.add)}
 
 
 def _lost_ones(calls: list, replies: list) -> dict:

@@ -22,6 +22,7 @@ from distributed import Client
 
 from .. import cluster as cl
 from ..exceptions import NoWorkersError, SchedulerLostError
+from ..records import SetupReply, SetupRequest, to_message
 from .transport import LOST, Transport
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ SETUP_TRIES = 3  # failed set-ups after which a worker is left out of the fit
 class Membership:
     """The worker list of one fit, in rank order (the order of joining).
 
-    ``setup(worker)`` gives the keyword arguments of a worker's set-up RPC; ``place(workers)``
+    ``setup(worker)`` gives a worker's set-up (its RPC's arguments); ``place(workers)``
     moves the data to a new worker list and returns ``{worker: error}`` for those that could
     not take their blocks; ``n_updates()`` is for messages.
     """
@@ -45,7 +46,7 @@ class Membership:
         policy: cl.ClusterPolicy,
         transport: Transport,
         *,
-        setup: Callable[[str], dict],
+        setup: Callable[[str], SetupRequest],
         place: Callable[[list[str]], dict],
         n_updates: Callable[[], int],
     ):
@@ -198,23 +199,24 @@ class Membership:
     # ------------------------------------------------------------------ set-up
     def _setup_calls(self, workers: list[str]) -> list[tuple[str, str, dict]]:
         self.set_up.update(workers)
-        return [(w, "adadamp_setup", self._setup(w)) for w in workers]
+        return [(w, "adadamp_setup", to_message(self._setup(w))) for w in workers]
 
     def _finish_setup(self, workers: list[str], replies: list) -> tuple[list[str], list[str]]:
         """Connect the workers whose set-up succeeded; returns (ready, failed)."""
         shared = self.transport.shared
+        replies = [r if isinstance(r, BaseException) else SetupReply(**r) for r in replies]
         for w, r in zip(workers, replies):
-            if shared is not None and (isinstance(r, BaseException) or not r.get("shared")):
+            if shared is not None and (isinstance(r, BaseException) or not r.shared):
                 shared.drop(w)  # another host: weights and gradients go over TCP
-            elif shared is not None and r.get("shared_data"):
+            elif shared is not None and r.shared_data:
                 shared.maps_data.add(w)  # its blocks are placed by number: it maps the data
             if isinstance(r, BaseException):
                 if not isinstance(r, LOST):
                     raise r
                 self.strike(w, r)
                 logger.warning("worker %s could not be set up (%r); ignoring it for now", w, r)
-            elif r.get("channel"):
-                self.transport.connect(w, r["channel"])
+            elif r.channel is not None:
+                self.transport.connect(w, r.channel)
         failed = [w for w, r in zip(workers, replies) if isinstance(r, BaseException)]
         return [w for w in workers if w not in failed], failed
 

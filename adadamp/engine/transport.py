@@ -20,7 +20,7 @@ from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
 from ..exceptions import CollectiveError
-from ..records import GradientReply, ShareRequest
+from ..records import ChannelOffer, GradientReply, ShareRequest
 from ..wire.channel import Channel, WorkerError, tcp_host
 from ..wire.lost import LOST
 from ..wire.shm import SharedBuffers
@@ -81,13 +81,13 @@ class Transport:
         return await asyncio.gather(*(one(*c) for c in calls), return_exceptions=True)
 
     # ------------------------------------------------------------------ channels
-    def connect(self, worker: str, offer: dict) -> None:
+    def connect(self, worker: str, offer: ChannelOffer) -> None:
         """Open the channel a worker offered at set-up (else its rounds go through Dask RPCs)."""
         try:
             self.channels[worker] = Channel(
                 tcp_host(worker),
-                offer["port"],
-                offer["token"],
+                offer.port,
+                offer.token,
                 self.n_weights,
                 timeout=self.timeout,
                 n_buffers=self.n_buffers,

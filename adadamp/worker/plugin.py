@@ -22,7 +22,6 @@ import collections
 import contextlib
 import ctypes
 import ctypes.util
-import dataclasses
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +32,7 @@ import torch
 from distributed import WorkerPlugin
 from distributed.protocol import to_serialize
 
-from ..records import GradientReply
+from ..records import Block, BlockMove, ChannelOffer, GradientReply, SetupReply, SetupRequest, StepVector, to_message
 from ..wire.batches import BatchPlan
 from ..wire.channel import IDLE_TIMEOUT, ChannelServer, tcp_host
 from ..wire.parameters import bind_parameters, flatten_parameters, float_buffers
@@ -138,37 +137,37 @@ class Trainer:
             ) from err
 
     # ------------------------------------------------------------------ set-up and release
-    async def adadamp_setup(
-        self, fit_id: str, payload, n_total: int, shared: dict | None = None, channel: bool = False, dataset=None,
-        replica: dict | None = None,
-    ) -> dict:
+    async def adadamp_setup(self, **message) -> dict:
         """Build the fit's module; map the client's shared weights and this worker's gradient if possible.
 
-        With ``channel`` (and a ``tcp://`` worker) also open the fit's gradient
-        channel; the reply carries its port and token.  ``dataset``: a lazy torch
-        Dataset and how to load it (pickled), read here example by example.
-        ``replica`` (an all-reduce fit, whose payload also holds the optimizer): the collective
-        timeout, the bucket size and the update count of the payload's state
-        (:class:`~adadamp.worker.replica.Replica`); only the training data is mapped then.
+        ``message``: a :class:`~adadamp.records.SetupRequest`; the reply is a
+        :class:`~adadamp.records.SetupReply`.  With ``channel`` (and a ``tcp://`` worker) also open
+        the fit's gradient channel; the reply carries its port and token.  ``dataset``: a lazy torch
+        Dataset and how to load it (pickled), read here example by example.  ``replica`` (an
+        all-reduce fit, whose payload also holds the optimizer): the worker keeps a
+        :class:`~adadamp.worker.replica.Replica`; only the training data is mapped then.
         """
+        setup = SetupRequest(**message)
+        fit_id, shared, replica = setup.fit_id, setup.shared, setup.replica
         self.close_fit(fit_id)
         where = f"worker {None if self.worker is None else self.worker.address}"
 
         def build():
-            module, criterion, device, *optimizer = self._unpickle(payload, "the module, criterion or optimizer")
+            module, criterion, device, *optimizer = self._unpickle(setup.payload, "the module, criterion or optimizer")
             device = torch.device(device)
             module = module.to(device)
             module.train()
             flat, grads = flatten_parameters(module)
-            state = FitState(module, criterion, device, flat, grads, int(n_total), buffers=float_buffers(module))
-            if dataset is not None:
-                state.loader = ExampleLoader(**self._unpickle(dataset, "the Dataset"), where=where)
+            state = FitState(module, criterion, device, flat, grads, int(setup.n_total), buffers=float_buffers(module))
+            if setup.dataset is not None:
+                state.loader = ExampleLoader(**self._unpickle(setup.dataset, "the Dataset"), where=where)
             mapped = None if shared is None or replica is not None else attach(shared, flat.numel())
             if replica is not None:
                 data = attach_data(shared) if shared is not None and device.type == "cpu" else None
                 if data is not None:
                     state.data.share(data["X"], data["y"])
-                state.replica = Replica(state, optimizer[0], fit_id=fit_id, worker=self.worker, **replica)
+                state.replica = Replica(state, optimizer[0], fit_id=fit_id, worker=self.worker,
+                                        **to_message(replica))
             if mapped is not None:
                 weights, gradient = (torch.from_numpy(a) for a in mapped)
                 if device.type == "cpu":
@@ -185,10 +184,10 @@ class Trainer:
         self._drop_idle_fits()
         state = await self._run(build)
         # a replica maps only the data: "shared" then says that the client need not send blocks
-        reply = {"status": "OK", "shared": state.shared or (state.replica is not None and state.data.shared),
-                 "shared_data": state.data.shared}
+        reply = SetupReply(shared=bool(state.shared or (state.replica is not None and state.data.shared)),
+                           shared_data=bool(state.data.shared))
         self.stats.update(setups=1, shared_weights=int(state.shared), shared_data=int(bool(state.data.shared)))
-        if channel and self.host is not None:
+        if setup.channel and self.host is not None:
             state.channel = ChannelServer(
                 self.host,
                 lambda *request: compute(state, *request),
@@ -198,9 +197,9 @@ class Trainer:
                 max_indices=state.n_total,
                 on_close=lambda: self.close_fit(fit_id, only=state),  # the client closed the channel, or died
             )
-            reply["channel"] = {"port": state.channel.port, "token": state.channel.token}
+            reply.channel = ChannelOffer(state.channel.port, state.channel.token)
             self.stats.update(channels=1)
-        return reply
+        return to_message(reply)
 
     def close_fit(self, fit_id: str, only: FitState | None = None) -> None:
         """Drop a fit's state (``only``: if it is still that state, not a newer set-up's)."""
@@ -231,12 +230,13 @@ class Trainer:
         return {"status": "OK"}
 
     # ------------------------------------------------------------------ data
-    async def adadamp_data(self, fit_id: str, add, drop) -> dict:
-        """Add blocks ``[(block_id, global_idx, X, y), ...]`` and drop block ids."""
+    async def adadamp_data(self, **message) -> dict:
+        """Take and drop data blocks (``message``: a :class:`~adadamp.records.BlockMove`)."""
+        move = BlockMove(**message)
 
         def update():
-            state = self.fits[fit_id]
-            state.update_blocks(add, drop)
+            state = self.fits[move.fit_id]
+            state.update_blocks(move.add, move.drop)
             return sorted(state.block_index)
 
         blocks = await self._run(update)
@@ -253,7 +253,7 @@ class Trainer:
         def run():
             r = compute(state, weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, plan)
             state.inline = r.compute_time < INLINE_SECONDS and state.replica is None  # collectives block
-            reply = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+            reply = to_message(r)
             for key in ("grad", "buffers"):
                 if reply[key] is not None:
                     reply[key] = to_serialize(np.array(reply[key]))  # a copy: the reply is sent after we return
@@ -270,14 +270,13 @@ class Trainer:
                             restore=None) -> dict:
         """Form an all-reduce fit's next group (all members are called at once)."""
         replica = self.fits[fit_id].replica
-        return await self._run(replica.join, generation, rank, size, None if step is None else np.asarray(step),
-                               restore)
+        return await self._run(replica.join, generation, rank, size, StepVector.decode(step), restore)
 
     async def adadamp_commit(self, fit_id: str, step=None, state: bool = False, groups=None) -> dict:
         """Take an all-reduce fit's pending step (and the client's param groups); return the
         replica's state if asked."""
         replica = self.fits[fit_id].replica
-        return await self._run(replica.commit, None if step is None else np.asarray(step), state, groups)
+        return await self._run(replica.commit, StepVector.decode(step), state, groups)
 
 
 #: This process's fits and handlers.
@@ -312,7 +311,7 @@ def load_block(fit_id: str, block: int, start: int, X, y) -> int:
         raise KeyError(f"fit {fit_id} is not set up on this worker (set-up lost or released)")
     X = np.ascontiguousarray(np.asarray(X, dtype=np.float32))
     y = np.ascontiguousarray(np.asarray(y))
-    state.update_blocks([(block, np.arange(start, start + len(X)), X, y)], [], borrowed=True)
+    state.update_blocks([Block(block, np.arange(start, start + len(X)), X, y)], [], borrowed=True)
     return len(X)
 
 

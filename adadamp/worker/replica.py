@@ -41,7 +41,7 @@ from distributed.comm import get_address_host
 from distributed.utils import sync
 
 from ..exceptions import CollectiveError
-from ..records import GradientReply, examples_digest
+from ..records import GradientReply, StepVector, examples_digest
 from ..wire.batches import BatchPlan, epoch_permutation
 from ..wire.optimizer_plan import apply_settings
 from ..wire.parameters import trainable
@@ -61,10 +61,6 @@ ABORT_POLL = 0.2
 ABORT = "abort"
 _FAILED_GROUPS: list = []  # groups left after a failure (never destroyed: their threads may still wait)
 
-#: Step vector layout (float64): generation, update number, the update whose step to take
-#: first (-1: none), momentum-buffer scale, then (lr, momentum) per param group.
-STEP_HEADER = 4
-
 #: The most a replica's state can hold: its weights and running statistics, and per parameter at
 #: most this many more copies of them in the optimizer's state (momentum 1, Adam 2, AMSGrad 3)...
 STATE_COPIES = 8
@@ -73,14 +69,14 @@ STATE_RECORD_BYTES = 4096
 
 
 def step_vector(generation: int, update: int, step_of: int, buffer_scale: float, settings: list[float]) -> np.ndarray:
-    """What an all-reduce request carries besides the indices.
+    """What an all-reduce request carries besides the indices (:class:`~adadamp.records.StepVector`, encoded).
 
     Examples
     --------
     >>> step_vector(2, 7, 6, 1.0, [0.1, 0.9]).tolist()
     [2.0, 7.0, 6.0, 1.0, 0.1, 0.9]
     """
-    return np.array([generation, update, step_of, buffer_scale, *settings], dtype=np.float64)
+    return StepVector(generation, update, step_of, buffer_scale, tuple(settings)).encode()
 
 
 def collective_backend(device: torch.device | str) -> str:
@@ -276,7 +272,7 @@ class Replica:
         self.buckets = Buckets(trainable(state.module), state.grads, int(bucket_mb * mb), min(mb, int(bucket_mb * mb)))
 
     # ------------------------------------------------------------------ the group
-    def join(self, generation: int, rank: int, size: int, step: np.ndarray | None, restore: bytes | None) -> dict:
+    def join(self, generation: int, rank: int, size: int, step: StepVector | None, restore: bytes | None) -> dict:
         """Form generation ``generation``'s group as ``rank`` of ``size`` and take rank 0's state.
 
         ``step`` is the step this replica may still owe (taken first, if it was not); ``restore``
@@ -372,21 +368,21 @@ class Replica:
     def load(self, blob: bytes) -> None:
         self.applied, self.pending = load_state(blob, self.state.flat, self.state.buffers, self.optimizer), None
 
-    def take_step(self, step: np.ndarray | None, strict: bool = True) -> None:
+    def take_step(self, step: StepVector | None, strict: bool = True) -> None:
         """Take the step ``step`` names unless it was taken already (steps are numbered).
 
         ``strict``: a replica that cannot take it (no pending gradient for that update) raises.
         """
-        if step is None or step[2] < 0:
+        if step is None or step.step_of < 0:
             return
-        update = int(step[2])
+        update = step.step_of
         if self.applied > update:
             return  # taken before the last request failed
         if self.applied != update or self.pending != update:
             if not strict:
                 return
             raise RuntimeError(f"replica at update {self.applied} (pending {self.pending}) cannot take step {update}")
-        apply_settings(self.optimizer, step[STEP_HEADER:], float(step[3]))
+        apply_settings(self.optimizer, step.settings, step.buffer_scale)
         self.optimizer.step()
         self.applied, self.pending = update + 1, None
 
@@ -404,7 +400,8 @@ class Replica:
         with state.lock:
             state.last_used = time.monotonic()
             start = time.perf_counter()
-            generation, update = int(step[0]), int(step[1])
+            step = StepVector.decode(step)
+            generation, update = step.generation, step.update
             if self.group is None or generation != self.generation:
                 raise CollectiveError(f"rank {self.rank} is not in generation {generation} (at {self.generation})")
             self.take_step(step)
@@ -547,7 +544,7 @@ class Replica:
             with contextlib.suppress(Exception):  # the scheduler may be gone
                 self._prefix.set(ABORT, b"1")
 
-    def commit(self, step: np.ndarray | None, state: bool, groups: bytes | None = None) -> dict:
+    def commit(self, step: StepVector | None, state: bool, groups: bytes | None = None) -> dict:
         """Take the pending step (the end of an epoch or of the fit); return the state if asked.
 
         ``groups``: the client's param groups (``torch.save``d, without the parameters): a warm

@@ -17,6 +17,8 @@ import warnings
 import numpy as np
 import torch
 
+from ..records import Block
+
 OWNED = -2  # the segment of the blocks the client sent
 SHARED = -3  # the client's whole training data, mapped from shared memory (this worker uses its blocks)
 
@@ -32,8 +34,8 @@ class ResidentData:
     Examples
     --------
     >>> data = ResidentData(n_total=6, device=torch.device("cpu"))
-    >>> data.update([(0, np.arange(0, 3), np.zeros((3, 2), np.float32), np.arange(3))], [])
-    >>> data.update([(1, np.arange(3, 6), np.ones((3, 2), np.float32), np.arange(3, 6))], [], borrowed=True)
+    >>> data.update([Block(0, np.arange(0, 3), np.zeros((3, 2), np.float32), np.arange(3))], [])
+    >>> data.update([Block(1, np.arange(3, 6), np.ones((3, 2), np.float32), np.arange(3, 6))], [], borrowed=True)
     >>> X, y = data.gather(np.array([4, 1]))
     >>> X[:, 0].tolist(), y.tolist(), sorted(data.block_index)
     ([0.0, 1.0], [1, 4], [0, 1])
@@ -62,14 +64,14 @@ class ResidentData:
             warnings.simplefilter("ignore", UserWarning)
             self._segments[SHARED] = (X, y, torch.from_numpy(X), torch.from_numpy(y))
 
-    def update(self, add, drop, borrowed: bool = False) -> None:
-        """Add blocks ``[(block, global_idx, X, y)]`` and drop block ids.
+    def update(self, add: list[Block], drop: list[int], borrowed: bool = False) -> None:
+        """Add blocks and drop block numbers.
 
         ``borrowed``: the arrays are held by Dask on this worker already; keep views, not copies.
-        A block's ``global_idx`` must be consecutive (``ValueError`` otherwise).
+        A block's indices must be consecutive (``ValueError`` otherwise).
         """
         drop = set(drop)
-        add = [(block, self._span(idx), X, y) for block, idx, X, y in add]
+        add = [(b.block, self._span(b.indices), b.X, b.y) for b in add]
         if self.shared and all(X is None for _, _, X, _ in add):  # blocks of the mapped data: indices only
             for b in drop:
                 self._blocks.pop(b, None)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..records import Block
 from ..wire.channel import ChannelServer
 from .loading import ExampleLoader
 from .resident import ResidentData
@@ -48,7 +49,7 @@ class FitState:
     def block_index(self) -> dict[int, range]:
         return self.data.block_index
 
-    def update_blocks(self, add, drop, borrowed: bool = False) -> None:
-        """Add ``[(block, idx, X, y)]`` and drop block ids (``borrowed``: Dask's partitions, kept as views)."""
+    def update_blocks(self, add: list[Block], drop: list[int], borrowed: bool = False) -> None:
+        """Add blocks and drop block numbers (``borrowed``: Dask's partitions, kept as views)."""
         with self.lock:
             self.data.update(add, drop, borrowed)

@@ -57,11 +57,11 @@ from ...dampers import BaseDamper
 from ...dampers.clock import LoopState, Sampler
 from ...dampers.epoch import run_epoch
 from ...exceptions import CollectiveError, NoWorkersError, StopTraining
-from ...records import ShareRequest
+from ...records import ReplicaSettings, SetupRequest, ShareRequest, StepVector
 from ...wire.batches import BatchPlan, dropout_seed
 from ...wire.optimizer_plan import apply_plan, group_settings
 from ...wire.parameters import flatten_parameters, float_buffers
-from ...worker.replica import ABORT, dump_state, load_state, step_vector
+from ...worker.replica import ABORT, dump_state, load_state
 from ..aggregation import Totals
 from ..transport import LOST
 from .base import PREFETCH_BATCHES, Backend, Batch
@@ -163,15 +163,15 @@ class AllReduce(Backend):
         self._buffers = float_buffers(self.module)
         self._bound = True
 
-    def _setup_kwargs(self, worker: str) -> dict:
-        kwargs = super()._setup_kwargs(worker)
-        kwargs["replica"] = {
-            "timeout": collective_timeout(self.policy.update_timeout),
-            "bucket_mb": float(dask.config.get("adadamp.allreduce.bucket-mb", 25.0)),
-            "applied": self._payload_at,
-        }
+    def _setup_request(self, worker: str) -> SetupRequest:
+        request = super()._setup_request(worker)
+        request.replica = ReplicaSettings(
+            timeout=collective_timeout(self.policy.update_timeout),
+            bucket_mb=float(dask.config.get("adadamp.allreduce.bucket-mb", 25.0)),
+            applied=self._payload_at,
+        )
         self._set_up_at[worker] = self._payload_at
-        return kwargs
+        return request
 
     # ------------------------------------------------------------------ the group
     def _ensure_group(self) -> None:
@@ -257,10 +257,11 @@ class AllReduce(Backend):
             self.members.refresh(force=True, lost=lost)
 
     def _step_vector(self, update: int) -> np.ndarray | None:
+        """The :class:`~adadamp.records.StepVector` of update ``update`` (-1: none, only the step owed), encoded."""
         if self._step_owed is None:
-            return None if update < 0 else step_vector(self.generation, update, -1, 1.0, [])
+            return None if update < 0 else StepVector(self.generation, update).encode()
         step_of, scale, settings = self._step_owed
-        return step_vector(self.generation, update, step_of, scale, settings)
+        return StepVector(self.generation, update, step_of, scale, tuple(settings)).encode()
 
     # ------------------------------------------------------------------ commits
     def _client_state(self) -> bytes:

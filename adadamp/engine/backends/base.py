@@ -36,7 +36,7 @@ from ...dampers.epoch import run_epoch
 from ...data import DataSource
 from ...data.placement import plan_moves
 from ...exceptions import ConvergenceError
-from ...records import UpdateRecord, epoch_row
+from ...records import SetupRequest, UpdateRecord, epoch_row
 from ...wire import shm
 from ...wire.channel import tcp_host
 from ...wire.parameters import trainable
@@ -216,7 +216,7 @@ class Backend(abc.ABC):
             n_buffers=sum(b.numel() for b in self._buffers),
         )
         self.members = Membership(
-            self.client, self._policy, transport, setup=self._setup_kwargs, place=self._place,
+            self.client, self._policy, transport, setup=self._setup_request, place=self._place,
             n_updates=lambda: self.loop.n_updates,
         )
         if self._policy.shared:  # as many workers as on a cluster of its own (the embedded one's start)
@@ -248,15 +248,14 @@ class Backend(abc.ABC):
         if self.policy.scale and batch:
             self.members.scale_to(self.policy.wanted(int(batch)))
 
-    def _setup_kwargs(self, worker: str) -> dict:
-        """A worker's set-up RPC: the module and criterion, and its shared-memory offer (made now)."""
-        kwargs = {"fit_id": self.fit_id, "payload": self._payload, "n_total": len(self.data)}
-        kwargs["channel"] = channels_enabled() and tcp_host(worker) is not None
-        if self._shared is not None:
-            kwargs["shared"] = self._shared.offer(worker)
-        if self._dataset_payload is not None:
-            kwargs["dataset"] = self._dataset_payload
-        return kwargs
+    def _setup_request(self, worker: str) -> SetupRequest:
+        """A worker's set-up: the module and criterion, and its shared-memory offer (made now)."""
+        return SetupRequest(
+            self.fit_id, self._payload, len(self.data),
+            channel=channels_enabled() and tcp_host(worker) is not None,
+            shared=None if self._shared is None else self._shared.offer(worker),
+            dataset=self._dataset_payload,
+        )
 
     # ------------------------------------------------------------------ warm sessions
     def suspend(self) -> None:
