@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -258,7 +259,14 @@ def _label(rate: str) -> str:
     return "unshaped" if rate == "unshaped" else f"{rate.removesuffix('gbit')} Gb/s"
 
 
-def report(results: dict) -> str:
+def _ratios(rows: list[dict]) -> dict:
+    """``(size, P, rate) -> (allreduce / parameter server, allreduce / DDP)`` update times."""
+    ix = {(r["system"], r["size"], r["P"], r["rate"]): r["update_s"] for r in rows}
+    return {k[1:]: (v / ix.get((PS, *k[1:]), math.nan), v / ix.get((DDP, *k[1:]), math.nan))
+            for k, v in ix.items() if k[0] == AR}
+
+
+def report(results: dict, repeat: dict | None = None) -> str:
     rows = results["rows"]
     pred = predictions(rows)
     meta = results.get("meta", {})
@@ -268,7 +276,7 @@ def report(results: dict) -> str:
               "namespaces, own /dev/shm, so no shared memory), the client in the root namespace on its own link; "
               f"every link tbf-shaped both ways. Batch {BATCH} (64 / P per worker), SGD with momentum; median update "
               f"after the first {SKIP}. **All hosts share this machine's CPU cores**: ratios within a row mean "
-              "something, absolute times are not a cluster's (at P = 4 four workers share 2 cores). No delay or loss "
+              "something, absolute times are not a cluster's (at P = 4 and 8, four and eight workers share 2 cores). No delay or loss "
               "(no netem in this kernel)."), "",
              ("Predicted: `adadamp.simulate` calibrated (`calibrate(..., method=\"median\")`) on the unshaped run of "
               "the same system, model and P, with the unshaped veth rate as its bandwidth "
@@ -320,6 +328,21 @@ def report(results: dict) -> str:
                    "workers' weights still go out, so it over-predicts the parameter server. At P = 8 eight "
                    "single-threaded workers share 2 cores: compute grows with P here, which it would not on a "
                    "cluster.")]
+    sent = sorted({(r["P"], int(r["sent_bytes"]), int(r["received_bytes"])) for r in rows if r["system"] == AR})
+    if sent:
+        lines += ["", "The all-reduce backend's client, bytes per update (sent / received, every model size and link): "
+                  + ", ".join(f"P = {p}: {a} / {b}" for p, a, b in sent) + "."]
+    if repeat:
+        first, again = _ratios(rows), _ratios(repeat["rows"])
+        lines += ["", "## A second run", "", ("Some settings run again (`netbed-repeat.json`, same machine, minutes "
+                                              "later): the all-reduce backend's update time over the parameter "
+                                              "server's and over DDP's, both runs."), "",
+                  "| params | P | link | / parameter server | / DDP | first run: / parameter server | / DDP |",
+                  "|---:|---:|---|---:|---:|---:|---:|"]
+        for k in sorted(again, key=lambda k: (SIZES.get(k[0], 0), k[1], RATES.index(k[2]))):
+            if k in first:
+                lines.append(f"| {k[0]} | {k[1]} | {_label(k[2])} | {again[k][0]:.2f} | {again[k][1]:.2f} | "
+                             f"{first[k][0]:.2f} | {first[k][1]:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -357,7 +380,8 @@ def main(argv=None) -> None:
     if not args.report:
         for p in P:
             measure(p, rates, sizes, args.systems, n_updates, save)
-    text = report(results)
+    again = args.out / "netbed-repeat.json"
+    text = report(results, json.loads(again.read_text()) if again.exists() else None)
     md.write_text(text)
     print(text)
 
