@@ -1,5 +1,14 @@
-"""The benchmark report (benchmarks/run.py) from synthetic records: ratios, pairing and bars."""
+"""The benchmark report (benchmarks/run.py) from synthetic records: ratios, pairing and bars; the test
+bed benchmark (benchmarks/netbed.py) in its quick settings."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.netbed import SYSTEMS
 from benchmarks.run import paired_ratio, tables
 
 
@@ -31,3 +40,19 @@ def test_report_shows_both_ratios_and_the_plain_bar():
     cells = [c.strip() for c in row.split("|")]
     assert cells[5] == "0.76" and cells[6] == "0.75"  # medians 68/90; median of 0.68, 0.75, 0.78
     assert "| W1: adadamp samples/s >= 0.7x plain | 0.76x | PASS |" in text
+
+
+@pytest.mark.netbed
+def test_netbed_quick_measures_every_system_and_writes_the_report(netbed_ready, tmp_path):
+    """``python -m benchmarks.netbed --quick``: both backends and DDP on a bed of 2 worker hosts,
+    unshaped and at 1 Gb/s, and the simulator's predictions beside them."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.netbed", "--quick", "--out", str(tmp_path)], cwd=root,
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "netbed.json").read_text())["rows"]
+    assert {(r["system"], r["rate"]) for r in rows} == {(s, r) for s in SYSTEMS for r in ("unshaped", "1gbit")}
+    assert all(r["P"] == 2 and 0 < r["compute_s"] < r["update_s"] for r in rows)
+    assert all(r["sent_bytes"] < 1024 for r in rows if r["system"] == "allreduce")  # issue 29, item 3
+    report = (tmp_path / "netbed.md").read_text()
+    assert "| 0.1M | 2 | 1 Gb/s | allreduce |" in report and "Simulator error on the shaped rows" in report

@@ -185,12 +185,15 @@ class Host:
 
     def shape(self, rate: str | None) -> None:
         """Shape the link to ``rate`` (a tc rate: "1gbit", "10gbit") both ways; None: unshaped."""
-        for cmd in (["ip", "netns", "exec", self.ns, "tc"], ["tc"]):
-            dev = "eth0" if len(cmd) > 1 else self.port
-            _run(*cmd, "qdisc", "del", "dev", dev, "root", check=False)
-            if rate is not None:
-                _run(*cmd, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", _burst(rate),
-                     "latency", "50ms")
+        _tbf(["ip", "netns", "exec", self.ns, "tc"], "eth0", rate)
+        _tbf(["tc"], self.port, rate)
+
+
+def _tbf(tc: list[str], dev: str, rate: str | None) -> None:
+    """Replace ``dev``'s root qdisc by a tbf at ``rate`` (None: no shaping)."""
+    _run(*tc, "qdisc", "del", "dev", dev, "root", check=False)
+    if rate is not None:
+        _run(*tc, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", _burst(rate), "latency", "50ms")
 
 
 def _free_network(start: int) -> ipaddress.IPv4Network:
@@ -258,8 +261,7 @@ class Netbed:
             _run("ip", "link", "set", self.client_link, "up")
             if self.rate is not None:
                 for dev in (self.client_link, peer):
-                    _run("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate, "burst",
-                         _burst(self.rate), "latency", "50ms")
+                    _tbf(["tc"], dev, self.rate)
             for _ in range(self.n_hosts):
                 self.add_host()
         except BaseException:
@@ -287,6 +289,15 @@ class Netbed:
         if self.rate is not None:
             host.shape(self.rate)
         return host
+
+    def shape(self, rate: str | None) -> None:
+        """Shape every link, the client's and each host's, to ``rate`` both ways (None: unshaped);
+        hosts added later get it too."""
+        self.rate = rate
+        for dev in (self.client_link, f"{LINK_PREFIX}{self.tag}cp"):
+            _tbf(["tc"], dev, rate)
+        for host in self.hosts:
+            host.shape(rate)
 
     def remove_host(self, host: Host) -> None:
         """Kill a host's processes and remove it (namespace, link, /dev/shm)."""
