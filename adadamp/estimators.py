@@ -6,14 +6,12 @@ the module, criterion, optimizer and damper, and hand them to the fit loop
 ``module__hidden=8``, ``optimizer__lr=0.05``, ``criterion__weight=...``,
 ``batch_size__delay=5`` (as in skorch; :mod:`adadamp.routing`).
 
-Why one module of ~1,450 lines: it is one scikit-learn contract, the
-constructor parameters and their documentation, validation, the fit /
-partial_fit / warm-start semantics, the fitted attributes and their
-persistence, which the classifier and the regressor share and differ from
-only in target encoding and scoring.  Like scikit-learn's own estimator
-modules (``neural_network/_multilayer_perceptron.py``), it is kept together
-so the contract is read and changed in one place; training, cluster sizing,
-routing and input conversion live in their own modules.
+This module is the scikit-learn contract only: the constructor parameters and their
+documentation, their constraint table (:mod:`adadamp.constraints`), ``fit`` / ``partial_fit`` /
+warm starts as one recipe (``_fit``), predict and score, the fitted attributes and their
+persistence.  The steps live below it: inputs become a data source in :mod:`adadamp.data`, the
+objects a fit trains are built in :mod:`adadamp.building`, epochs run in
+:func:`adadamp.engine.session.train`.
 """
 
 from __future__ import annotations

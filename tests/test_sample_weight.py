@@ -145,3 +145,16 @@ def test_the_allreduce_backend_trains_the_same_weighted_loss(client):
     server = DaskRegressor(**params).fit(X, y, sample_weight=w)
     allreduce = DaskRegressor(**params, backend="allreduce").fit(X, y, sample_weight=w)
     np.testing.assert_allclose(_weights(allreduce), _weights(server), rtol=1e-5, atol=1e-6)
+
+
+def test_integer_weights_train_as_repeated_examples_up_to_float32_rounding(client):
+    """scikit-learn's check_sample_weight_equivalence_on_dense_data, at float32's resolution: a
+    weight of k and k copies of the example give the same fit up to the summation order."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(15, 4)).astype(np.float32)
+    y = X @ rng.normal(size=4).astype(np.float32)
+    w = rng.integers(0, 4, size=15)
+    params = {"batch_size": 64, "max_epochs": 5, "random_state": 0}
+    weighted = DaskRegressor(**params).fit(X, y, sample_weight=w)
+    repeated = DaskRegressor(**params).fit(np.repeat(X, w, axis=0), np.repeat(y, w))
+    np.testing.assert_allclose(weighted.predict(X), repeated.predict(X), rtol=1e-5, atol=1e-6)
