@@ -186,9 +186,14 @@ def test_workers_hold_each_example_once(client):
             seen.extend(v for values in client.run(_fit_segments_shared_with_dask).values() for v in values)
 
     rng = np.random.default_rng(2)
-    X = da.from_array(rng.normal(size=(400, 5)).astype(np.float32), chunks=50)
-    y = X.sum(axis=1)
-    X, y = client.persist([X, y])
-    wait([X, y])
+    # Each half on its own worker, as the fit's two shards (runs of consecutive partitions) are
+    # placed: where Dask holds partitions across shards, the fit moves (copies) the minority.
+    halves = []
+    for k, worker in enumerate(sorted(client.scheduler_info()["workers"])[:2]):
+        X_half = da.from_array(rng.normal(size=(200, 5)).astype(np.float32), chunks=50, name=f"half-{k}")
+        halves.append(client.persist([X_half, X_half.sum(axis=1)], workers=[worker]))
+    wait(halves)
+    X = da.concatenate([h[0] for h in halves])
+    y = da.concatenate([h[1] for h in halves])
     DaskRegressor(max_epochs=1, batch_size=40, random_state=0, callbacks=[Look()]).fit(X, y)
-    assert len(seen) == 8 and all(seen)  # 8 partitions, each one a view of Dask's own array
+    assert len(seen) == 8 and all(seen), seen  # 8 partitions, each one a view of Dask's own array
