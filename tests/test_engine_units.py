@@ -162,7 +162,7 @@ def test_a_batch_plan_names_the_examples_the_client_would_have_listed(n_blocks, 
             blocks = placement.blocks_of(indices)
             return np.where(np.isin(blocks, list(mine)), blocks, -1)
 
-        got, counts = plan.indices(n, block_of, perm)
+        got, counts = plan.indices(perm, block_of)
         expected = [by_shard[g] for g in held if g in by_shard]
         np.testing.assert_array_equal(got, np.concatenate(expected) if expected else idx[:0])
         assert counts.tolist() == plan.shards[:, 2].tolist()

@@ -15,7 +15,6 @@ import torch
 from sklearn.datasets import make_classification
 
 from adadamp import DaskClassifier
-from adadamp.callbacks import Callback
 
 pytestmark = [
     pytest.mark.gpu,
@@ -86,24 +85,10 @@ def test_allreduce_on_cuda_uses_nccl_and_trains_as_on_cpu(gpus, data):
     np.testing.assert_allclose(_weights(est), _weights(cpu), rtol=RTOL, atol=ATOL)
 
 
-class Stopped(Exception):
-    pass
-
-
-class StopAt(Callback):
-    """Interrupts the fit after ``stop`` model updates, as a crash would (test only)."""
-
-    def __init__(self, stop=None):
-        self.stop = stop
-
-    def on_update_end(self, estimator, record=None, **info):
-        self.updates_ = getattr(self, "updates_", 0) + 1
-        if self.updates_ == self.stop:
-            raise Stopped("the client stops")
-
-
 @pytest.mark.parametrize("backend", [PS, AR])
 def test_a_checkpoint_written_on_gpu_resumes_on_cpu(gpus, data, tmp_path, backend):
+    from test_elastic import StopAt, Stopped  # the crash the elastic tests simulate
+
     if backend == AR and torch.cuda.device_count() < 2:
         pytest.skip(f"NCCL needs a GPU per replica: 2 GPUs, this machine has {torch.cuda.device_count()}")
     path = tmp_path / "ckpt.pt"

@@ -101,12 +101,12 @@ class BatchPlan:
             raise ValueError(f"a batch plan has 8 + 3 * k values, not {len(values)}")
         return cls(*(int(v) for v in values[:8]), shards=values[8:].reshape(-1, 3))
 
-    def indices(self, n: int, block_of, perm: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def indices(self, perm: np.ndarray, block_of) -> tuple[np.ndarray, np.ndarray]:
         """The member's examples in the batch, shard after shard (each in the batch's order), and
         the example count of each of its shards.
 
-        ``block_of(indices)``: the block of each index (-1 where it is not held here), used when
-        blocks have their own sizes; ``perm``: the data epoch's permutation, if held already.
+        ``perm``: the data epoch's permutation (:func:`epoch_permutation`); ``block_of(indices)``:
+        the block of each index (-1 where it is not held here), used when blocks have their own sizes.
         """
         idx = perm[self.start : self.stop]
         if self.block_size:

@@ -20,6 +20,10 @@ authenticates no peer).  A collective that fails (a peer died, or hung past the 
 :class:`~adadamp.exceptions.CollectiveError` and drops the pending gradient; the client forms
 the next generation without the lost worker and recomputes the update.  Steps are numbered, so
 none is applied twice.
+
+One module because the replica, its group membership, its buckets and the scheduler-held store
+share one failure protocol (a failed collective undoes the update's running statistics and
+drops the group); split, each part would need the others' state to undo.
 """
 
 from __future__ import annotations
@@ -451,7 +455,7 @@ class Replica:
         n = self.state.data.n_total
         if self._perm_key != (plan.seed, epoch, n):
             self._perm, self._perm_key = epoch_permutation(plan.seed, epoch, n), (plan.seed, epoch, n)
-        indices, counts = plan.indices(n, self.state.data.block_of, self._perm)
+        indices, counts = plan.indices(self._perm, self.state.data.block_of)
         if not np.array_equal(counts, plan.shards[:, 2]):
             raise RuntimeError(f"rank {self.rank} finds {counts.tolist()} examples in its shards "
                                f"{plan.shards[:, 0].tolist()}, the client counted {plan.shards[:, 2].tolist()}")
