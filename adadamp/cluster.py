@@ -87,9 +87,11 @@ class ClusterPolicy:
             update_timeout=float(params["update_timeout"]),
         )
 
-    def wanted(self, batch_size: int) -> int:
-        """Workers wanted for ``batch_size`` examples per update."""
-        n = math.ceil(batch_size / self.grads_per_worker)
+    def wanted(self, batch_size: int, preferred: int | None = None) -> int:
+        """Workers wanted for ``batch_size`` examples per update: ``preferred`` (a damper that picks
+        the workers itself, :meth:`~adadamp.dampers.BaseDamper.workers_for`) or
+        ``ceil(batch_size / grads_per_worker)``, within ``[min_workers, max_workers]``."""
+        n = math.ceil(batch_size / self.grads_per_worker) if preferred is None else preferred
         return int(min(max(n, self.min_workers), self.max_workers))
 
     def first_workers(self, first_batch: int | None) -> int:

@@ -158,6 +158,18 @@ class BaseDamper(BaseEstimator):
     #: cluster is then never sized from the batch size, which would feed back on itself.
     follows_workers: bool = False
 
+    def workers_for(self, batch_size: int) -> int | None:
+        """The workers this damper wants for an update of ``batch_size`` examples, or None to leave
+        it to the cluster policy (``ceil(batch_size / grads_per_worker)``).  Either way the answer
+        is clipped to ``[min_workers, max_workers]``.
+
+        Examples
+        --------
+        >>> Constant(batch_size=32).workers_for(32) is None
+        True
+        """
+        return None
+
     def reset(self, n_data: int) -> BaseDamper:
         """Validate parameters and clear training state before a fresh fit.
 

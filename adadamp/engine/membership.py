@@ -49,6 +49,7 @@ class Membership:
         setup: Callable[[str], SetupRequest],
         place: Callable[[list[str]], dict],
         n_updates: Callable[[], int],
+        prefer: Callable[[int], int | None] = lambda batch_size: None,
     ):
         self.client = client
         self.policy = policy
@@ -56,6 +57,7 @@ class Membership:
         self._setup = setup
         self._place = place
         self._n_updates = n_updates
+        self._prefer = prefer
         self.workers: list[str] = []
         self.set_up: set[str] = set()  # workers that may hold this fit's state (released at the end)
         self.requested: int | None = None
@@ -273,14 +275,18 @@ class Membership:
         logger.info("%d of %d workers alive; asking the cluster again", len(self.workers), self.requested or 1)
         cl.heal(self.client, max(1, self.requested or 1), gone=self._gone_names)
 
+    def wanted(self, batch_size: int) -> int:
+        """Workers wanted for ``batch_size``: the damper's choice (``prefer``) or the policy's."""
+        return self.policy.wanted(batch_size, self._prefer(batch_size))
+
     def scale_for(self, batch_size: int, ahead: int) -> None:
         """Size the cluster for ``max(batch_size, ahead)``, wait (bounded, once) for what
         ``batch_size`` needs, and ask again for workers that stay missing.  On a shared cluster the
         fit uses what ``batch_size`` wants, whatever the cluster has (the same as on its own)."""
-        self.scale_to(self.policy.wanted(max(batch_size, ahead)))
+        self.scale_to(self.wanted(max(batch_size, ahead)))
         if self.policy.shared:
-            self._use(self.policy.wanted(batch_size))
-        self._wait_for_growth(self.policy.wanted(batch_size))
+            self._use(self.wanted(batch_size))
+        self._wait_for_growth(self.wanted(batch_size))
         if len(self.workers) < ((self.requested or 0) if self.limit is None else self.limit):
             self._short_since = min(self._short_since, time.monotonic())
             self.heal()

@@ -217,7 +217,7 @@ class Backend(abc.ABC):
         )
         self.members = Membership(
             self.client, self._policy, transport, setup=self._setup_request, place=self._place,
-            n_updates=lambda: self.loop.n_updates,
+            n_updates=lambda: self.loop.n_updates, prefer=lambda batch_size: self.damper.workers_for(batch_size),
         )
         if self._policy.shared:  # as many workers as on a cluster of its own (the embedded one's start)
             self.members.limit = self._policy.first_workers(self.damper.forecast_batch_size(self.loop.epoch))
@@ -246,7 +246,7 @@ class Backend(abc.ABC):
             self.members.policy = dataclasses.replace(self._policy, scale=False)  # B follows W: never size W from B
         batch = self.damper.forecast_batch_size(self.loop.epoch)  # None: the first update sizes the cluster
         if self.policy.scale and batch:
-            self.members.scale_to(self.policy.wanted(int(batch)))
+            self.members.scale_to(self.members.wanted(int(batch)))
 
     def _setup_request(self, worker: str) -> SetupRequest:
         """A worker's set-up: the module and criterion, and its shared-memory offer (made now)."""
@@ -323,7 +323,7 @@ class Backend(abc.ABC):
         if self.policy.scale:
             batch = batch_size or self.damper.forecast_batch_size(self.loop.epoch)
             if batch:
-                return self.policy.wanted(int(batch))
+                return self.members.wanted(int(batch))
         return max(self.n_shards or 0, len(workers), self.members.planned(), 1)
 
     def _reshard(self, batch_size: int) -> None:
