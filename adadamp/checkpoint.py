@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import stat
 import tempfile
@@ -337,3 +338,31 @@ def restore(state: TrainingState, saved: dict, n_data: int) -> list:
     state.targets.update(saved["targets"])
     state.loop, state.history = loop, list(saved["history"])
     return saved["epoch_updates"]
+
+
+def save_parts(state: TrainingState, *, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> None:
+    """What ``save_params`` writes: each part named to its own file (skorch's names)."""
+    if f_params is not None:
+        torch.save(state.module.state_dict(), f_params)
+    if f_optimizer is not None:
+        torch.save(state.optimizer.state_dict(), f_optimizer)
+    if f_history is not None:
+        with open(f_history, "w") as f:
+            json.dump(state.history, f)
+    if f_checkpoint is not None:
+        save(f_checkpoint, state, [])
+
+
+def load_parts(state: TrainingState, n_data: int, *, f_params=None, f_optimizer=None, f_history=None,
+               f_checkpoint=None) -> None:
+    """What ``load_params`` reads into ``state`` (the checkpoint first, then the named parts over it);
+    ``n_data``: the examples the state was fitted on (a checkpoint must match)."""
+    if f_checkpoint is not None:
+        restore(state, load(f_checkpoint), n_data)
+    if f_params is not None:
+        state.module.load_state_dict(torch.load(f_params, weights_only=True))
+    if f_optimizer is not None:
+        state.optimizer.load_state_dict(torch.load(f_optimizer, weights_only=True))
+    if f_history is not None:
+        with open(f_history) as f:
+            state.history = json.load(f)

@@ -256,3 +256,18 @@ def reading_client(client: Client | None, policy: ClusterPolicy, workers_read: b
         return
     with training_client(None, policy, None) as taken:
         yield taken
+
+
+def active_client() -> Client | None:
+    """The current Dask client (also inside a task), or None."""
+    from distributed import default_client, get_client
+
+    for find in (default_client, get_client):
+        with contextlib.suppress(ValueError):
+            return find()
+    return None
+
+
+def as_current(client: Client | None):
+    """``client.as_current()``, or nothing to do without a client."""
+    return client.as_current() if client is not None else contextlib.nullcontext()

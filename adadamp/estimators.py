@@ -17,10 +17,8 @@ documentation of the parameters and methods, kept beside them as scikit-learn do
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
-import json
 import logging
 import os
 import types
@@ -489,7 +487,7 @@ class BaseDaskEstimator(BaseEstimator):
             raise ValueError("sample_weight is not taken with a torch Dataset as X: weight the examples' loss in "
                              "the criterion, or fit arrays.")
         params = self.get_params(deep=False)
-        client = self.client if self.client is not None else _active_client()
+        client = self._client()
         policy = cl.ClusterPolicy.of(params, embedded=client is None)
         with cl.reading_client(client, policy, workers_read=convert.is_dataset(X)) as (client, policy):
             made = make_source(
@@ -583,15 +581,8 @@ class BaseDaskEstimator(BaseEstimator):
         if state is None:
             check_is_fitted(self)
             state = self._state()
-        if f_params is not None:
-            torch.save(state.module.state_dict(), f_params)
-        if f_optimizer is not None:
-            torch.save(state.optimizer.state_dict(), f_optimizer)
-        if f_history is not None:
-            with open(f_history, "w") as f:
-                json.dump(state.history, f)
-        if f_checkpoint is not None:
-            checkpoint.save(f_checkpoint, state, [])
+        checkpoint.save_parts(state, f_params=f_params, f_optimizer=f_optimizer, f_history=f_history,
+                              f_checkpoint=f_checkpoint)
 
     def load_params(self, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> BaseDaskEstimator:
         """Load what :meth:`save_params` saved into a fitted estimator of the same structure.
@@ -624,18 +615,12 @@ class BaseDaskEstimator(BaseEstimator):
         >>> new.load_params(f_params="model.pt")  # doctest: +SKIP
         """
         check_is_fitted(self)
+        state = self._state()
+        checkpoint.load_parts(state, self.loop_.n_data, f_params=f_params, f_optimizer=f_optimizer,
+                              f_history=f_history, f_checkpoint=f_checkpoint)
         if f_checkpoint is not None:
-            state = self._state()
-            checkpoint.restore(state, checkpoint.load(f_checkpoint), self.loop_.n_data)
-            self._commit(state)
-        if f_params is not None:
-            self.module_.load_state_dict(torch.load(f_params, weights_only=True))
-        if f_optimizer is not None:
-            self.optimizer_.load_state_dict(torch.load(f_optimizer, weights_only=True))
-        if f_history is not None:
-            with open(f_history) as f:
-                self.history_ = json.load(f)
-            self.n_iter_ = len(self.history_)
+            self._commit(state)  # the damper and the epoch clock too
+        self.history_, self.n_iter_ = state.history, len(state.history)
         return self
 
     def _state(self) -> TrainingState:
@@ -644,34 +629,22 @@ class BaseDaskEstimator(BaseEstimator):
 
     # -------------------------------------------------------------- predict
     def _forward(self, X):
-        """The module's outputs: NumPy for in-memory ``X``; for a dask ``X`` a dask array computed
-        on the workers, partition by partition (nothing is computed until asked); for a torch
-        Dataset, NumPy computed on the workers (with a cluster running)."""
+        """The module's outputs for ``X`` (:func:`adadamp.inference.outputs`)."""
         check_is_fitted(self)
-        if isinstance(X, torch.utils.data.Dataset):
-            client = self.client if self.client is not None else _active_client()
-            if client is None:
-                return self._forward(convert.from_dataset(X, None)[0])
-            with client.as_current():
-                return self._forward(convert.dataset_arrays(client, X)[0]).compute()
+        return inference.outputs(self.module_, X, self, self._client())
+
+    def _score(self, X, y, sample_weight, dask_metric, local_score) -> float:
+        """The score on dask collections by ``dask_metric`` on the cluster, else scikit-learn's mixin's."""
+        client = self._client()
+        X, y = inference.scoring_inputs(X, y, client)
         if convert.is_dask(X):
-            X = convert.dask_features(X)
-            convert.check_features(X.shape[1], self)
-            return inference.dask_outputs(self.module_, X, self._n_module_outputs(X.shape[1:]))
-        return inference.forward(self.module_, convert.features(self, X))
+            with cl.as_current(client):
+                return dask_metric(self.predict(X), y, sample_weight)
+        return local_score(X, y, sample_weight=sample_weight)
 
-    def _scoring_inputs(self, X, y):
-        """``score``'s ``X, y``: a torch Dataset becomes dask arrays the workers read (with a cluster
-        running, else arrays read here).  Returns ``(X, y, client)``."""
-        client = self.client if self.client is not None else _active_client()
-        if isinstance(X, torch.utils.data.Dataset) and client is not None:
-            convert.check_no_targets(y)
-            return (*convert.dataset_arrays(client, X), client)
-        return (*convert.scoring_data(X, y), client)
-
-    def _n_module_outputs(self, example_shape) -> int:
-        """The module's output width, from one zero example on the client."""
-        return inference.forward(self.module_, np.zeros((1, *example_shape), dtype=np.float32)).shape[1]
+    def _client(self):
+        """The client this estimator works with: its own, the current one, or None (embedded)."""
+        return self.client if self.client is not None else cl.active_client()
 
     @property
     def meta_(self) -> types.MappingProxyType:
@@ -860,11 +833,7 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         >>> DaskClassifier(max_epochs=5).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
         0.96
         """
-        X, y, client = self._scoring_inputs(X, y)
-        if convert.is_dask(X):
-            with _as_current(client):
-                return inference.dask_accuracy(self.predict(X), y, sample_weight)
-        return super().score(X, y, sample_weight=sample_weight)
+        return self._score(X, y, sample_weight, inference.dask_accuracy, super().score)
 
 
 class DaskRegressor(RegressorMixin, BaseDaskEstimator):
@@ -933,11 +902,7 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
         >>> DaskRegressor(max_epochs=50).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
         0.99
         """
-        X, y, client = self._scoring_inputs(X, y)
-        if convert.is_dask(X):
-            with _as_current(client):
-                return inference.dask_r2(self.predict(X), y, sample_weight)
-        return super().score(X, y, sample_weight=sample_weight)
+        return self._score(X, y, sample_weight, inference.dask_r2, super().score)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -960,18 +925,3 @@ DaskBaseDamper = BaseDaskEstimator
 
 def _is_fitted(est) -> bool:
     return hasattr(est, "module_")
-
-
-def _as_current(client):
-    """``client.as_current()``, or nothing to do without a client."""
-    return client.as_current() if client is not None else contextlib.nullcontext()
-
-
-def _active_client():
-    """The current Dask client (also inside a task), or None."""
-    from distributed import default_client, get_client
-
-    for find in (default_client, get_client):
-        with contextlib.suppress(ValueError):
-            return find()
-    return None

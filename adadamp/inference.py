@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .data import convert
 from .data.convert import aligned
 
 _ROWS = 4096  # examples per forward pass
@@ -104,3 +105,30 @@ def dask_r2(predicted, y, sample_weight=None) -> float:
     ss_res, ss_tot = dask.compute((w2 * (y2 - p2) ** 2).sum(axis=0), (w2 * (y2 - mean) ** 2).sum(axis=0))
     scores = np.where(ss_tot != 0, 1 - ss_res / np.where(ss_tot != 0, ss_tot, 1.0), np.where(ss_res == 0, 1.0, 0.0))
     return float(np.mean(scores))
+
+
+def outputs(module: torch.nn.Module, X, estimator, client):
+    """``module``'s outputs for any ``X`` a fitted ``estimator`` predicts on: NumPy for in-memory
+    ``X``; for a dask ``X`` a dask array computed on the workers, partition by partition (nothing
+    is computed until asked); for a torch Dataset, NumPy computed on the workers of ``client`` (or
+    read here without one).  ``estimator``: its ``n_features_in_`` checks ``X``."""
+    if isinstance(X, torch.utils.data.Dataset):
+        if client is None:
+            return outputs(module, convert.from_dataset(X, None)[0], estimator, None)
+        with client.as_current():
+            return outputs(module, convert.dataset_arrays(client, X)[0], estimator, client).compute()
+    if convert.is_dask(X):
+        X = convert.dask_features(X)
+        convert.check_features(X.shape[1], estimator)
+        width = forward(module, np.zeros((1, *X.shape[1:]), dtype=np.float32)).shape[1]  # one zero example
+        return dask_outputs(module, X, width)
+    return forward(module, convert.features(estimator, X))
+
+
+def scoring_inputs(X, y, client):
+    """``score``'s ``X, y``: a torch Dataset becomes dask arrays the workers of ``client`` read (else
+    arrays read here)."""
+    if isinstance(X, torch.utils.data.Dataset) and client is not None:
+        convert.check_no_targets(y)
+        return convert.dataset_arrays(client, X)
+    return convert.scoring_data(X, y)

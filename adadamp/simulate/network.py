@@ -55,7 +55,24 @@ def _as_counts(x: ArrayLike, name: str) -> NDArray[np.int64]:
 
 
 @dataclass(frozen=True)
-class Centralized:
+class _Links:
+    """The four numbers both models are made of, checked once (their meaning: each model's
+    docstring)."""
+
+    bandwidth: float
+    latency: float = 0.0
+    overhead_per_update: float = 0.0
+    overhead_per_worker: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_bandwidth(self.bandwidth)
+        _check_nonneg(self.latency, "latency")
+        _check_nonneg(self.overhead_per_update, "overhead_per_update")
+        _check_nonneg(self.overhead_per_worker, "overhead_per_worker")
+
+
+@dataclass(frozen=True)
+class Centralized(_Links):
     """Synchronous centralized parameter server (what adadamp implements).
 
     Every update the client (the parameter server) sends the weights to each
@@ -95,17 +112,6 @@ class Centralized:
     0.042
     """
 
-    bandwidth: float
-    latency: float = 0.0
-    overhead_per_update: float = 0.0
-    overhead_per_worker: float = 0.0
-
-    def __post_init__(self) -> None:
-        _check_bandwidth(self.bandwidth)
-        _check_nonneg(self.latency, "latency")
-        _check_nonneg(self.overhead_per_update, "overhead_per_update")
-        _check_nonneg(self.overhead_per_worker, "overhead_per_worker")
-
     def comm_time(self, n_workers: ArrayLike, n_bytes: float) -> NDArray[np.float64]:
         """Seconds of one update spent outside gradient computation.
 
@@ -132,7 +138,7 @@ class Centralized:
 
 
 @dataclass(frozen=True)
-class RingAllReduce:
+class RingAllReduce(_Links):
     """Decentralized synchronous training with a ring all-reduce.
 
     Every worker holds the model; gradients are summed with the
@@ -171,17 +177,6 @@ class RingAllReduce:
     >>> net.comm_time([1, 4], n_bytes=1000).round(6).tolist()  # 4: 1.5e-3 + 6e-3
     [0.0, 0.0075]
     """
-
-    bandwidth: float
-    latency: float = 0.0
-    overhead_per_update: float = 0.0
-    overhead_per_worker: float = 0.0
-
-    def __post_init__(self) -> None:
-        _check_bandwidth(self.bandwidth)
-        _check_nonneg(self.latency, "latency")
-        _check_nonneg(self.overhead_per_update, "overhead_per_update")
-        _check_nonneg(self.overhead_per_worker, "overhead_per_worker")
 
     def comm_time(self, n_workers: ArrayLike, n_bytes: float) -> NDArray[np.float64]:
         """Seconds of one update spent in the all-reduce (and the overheads).
