@@ -11,8 +11,8 @@ documentation, their constraint table (:mod:`adadamp.constraints`), ``fit`` / ``
 warm starts as one recipe (``_fit``), predict and score, the fitted attributes and their
 persistence.  The steps live below it: inputs become a data source in :mod:`adadamp.data`, the
 objects a fit trains are built in :mod:`adadamp.building`, epochs run in
-:func:`adadamp.engine.session.train`.  Of its ~980 lines, about 580 are the numpydoc
-documentation of the parameters and methods, kept beside them as scikit-learn does.
+:func:`adadamp.engine.session.train`.  Most of its lines are the numpydoc documentation of the
+parameters and methods, kept beside them as scikit-learn does.
 """
 
 from __future__ import annotations
