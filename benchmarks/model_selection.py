@@ -74,7 +74,7 @@ def run_adadamp(X, y, joblib_dask: bool = False) -> dict:
     cluster, client = local_cluster(2)
     try:
         client.wait_for_workers(2)
-        est = DaskClassifier(module=mlp, optimizer=torch.optim.SGD, optimizer__momentum=MOMENTUM, max_epochs=EPOCHS,
+        est = DaskClassifier(module=mlp(), optimizer=torch.optim.SGD, optimizer__momentum=MOMENTUM, max_epochs=EPOCHS,
                              random_state=0, client=None if joblib_dask else client)
         search = GridSearchCV(est, _adadamp_grid(), cv=FOLDS, refit=False, error_score="raise",
                               n_jobs=-1 if joblib_dask else 1)
