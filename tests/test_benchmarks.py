@@ -44,6 +44,16 @@ def test_report_shows_both_ratios_and_the_plain_bar():
     assert "| W1: adadamp steady samples/s >= 0.7x plain | 0.76x | PASS |" in text
 
 
+def test_report_headlines_the_whole_fit_and_gives_ddps_whole_script():
+    records = [_rec("W1", "plain", 0, 100.0), _rec("W1", "ddp", 0, 50.0), _rec("W1", "allreduce", 0, 60.0)]
+    records[1].update(start_s=3.0, init_s=0.5, data_s=0.4, script_s=9.0)
+    text = tables(records, quick=False)
+    row = next(line for line in text.splitlines() if line.startswith("| W1 | allreduce |"))
+    assert [c.strip() for c in row.split("|")][3:6] == ["1.20", "60", "0.60"]  # whole fit s, samples/s, ratio
+    assert "| W1 | 3.00 | 0.50 | 0.40 | 2.00 | 1.20 | 9.00 |" in text  # DDP: start, init, data, first, fit, script
+    assert "| W1: allreduce whole fit >= 1x ddp's | 1.20x | PASS |" in text
+
+
 @pytest.mark.netbed
 def test_netbed_quick_measures_every_system_and_writes_the_report(netbed_ready, tmp_path):
     """``python -m benchmarks.netbed --quick``: both backends and DDP on a bed of 2 worker hosts,
