@@ -6,7 +6,7 @@ on, so a fit stays within the scheduler's event log) and each epoch's row.  The 
 them; the page reads them there.  The page is two HTTP routes on the dashboard's own server,
 added through Dask's documented extension point, the config key
 ``distributed.scheduler.http.routes`` (the embedded cluster lists ``"adadamp.dashboard"`` there),
-or, on a scheduler started without it, by a scheduler plugin that each fit registers
+or, on a scheduler started without it, by a scheduler plugin that a client registers once
 (:func:`serve`: tornado's ``add_handlers`` on the scheduler's HTTP application, once).  Its plots
 are Bokeh figures, as Dask's pages, that poll the fit's JSON once a second.  The page embeds what
 fits published (names, parameters) as text only: a fit id is checked against :data:`FIT_ID`, JSON
@@ -31,6 +31,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.http.utils import RequestHandler, get_handlers
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 from tornado.web import HTTPError
+
+from . import cluster as cl
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +248,8 @@ routes = [("adadamp", TrainingPage, {}), ("adadamp/data.json", TrainingData, {})
 class PageRoutes(SchedulerPlugin):
     """Adds the page's routes to a running scheduler's HTTP server (one started without the route
     config, e.g. a notebook's ``Client()``), unless it serves them already.  Registered under one
-    name and ``idempotent``, so that every fit may register it and the scheduler keeps the first."""
+    name and ``idempotent``: a client registers it once (:func:`adadamp.cluster.ensure_plugin`), and
+    the scheduler keeps the first of several clients'."""
 
     name = "adadamp-dashboard"
     idempotent = True
@@ -269,7 +272,7 @@ def serve(client) -> str | None:
         link = client.dashboard_link
         if not link:
             return None
-        client.register_plugin(PageRoutes())
+        cl.ensure_plugin(client, PageRoutes, PageRoutes.name)  # once per client and scheduler
     except Exception as err:  # noqa: BLE001 -- monitoring never stops a fit
         logger.info("the scheduler does not serve the live training page (%r)", err)
         return None

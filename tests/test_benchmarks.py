@@ -14,7 +14,8 @@ from benchmarks.run import paired_ratio, tables
 
 def _rec(workload, peer, repeat, sps, loss=1.0):
     return {"workload": workload, "peer": peer, "repeat": repeat, "samples_per_s": sps, "updates_per_s": sps / 512,
-            "final_loss": loss, "train_s": 1.0, "peak_rss_mb": 100.0}
+            "final_loss": loss, "fit_s": 1.2, "train_s": 1.0, "steady_samples_per_s": 1.2 * sps, "first_fit_s": 2.0,
+            "peak_rss_mb": 100.0}
 
 
 def test_paired_ratio_pairs_by_repeat():
@@ -39,7 +40,18 @@ def test_report_shows_both_ratios_and_the_plain_bar():
     row = next(line for line in text.splitlines() if line.startswith("| W1 | adadamp |"))
     cells = [c.strip() for c in row.split("|")]
     assert cells[5] == "0.76" and cells[6] == "0.75"  # medians 68/90; median of 0.68, 0.75, 0.78
-    assert "| W1: adadamp samples/s >= 0.7x plain | 0.76x | PASS |" in text
+    assert "| W1: adadamp whole fit >= 0.8x plain's | 0.76x | FAIL |" in text
+    assert "| W1: adadamp steady samples/s >= 0.7x plain | 0.76x | PASS |" in text
+
+
+def test_report_headlines_the_whole_fit_and_gives_ddps_whole_script():
+    records = [_rec("W1", "plain", 0, 100.0), _rec("W1", "ddp", 0, 50.0), _rec("W1", "allreduce", 0, 60.0)]
+    records[1].update(start_s=3.0, init_s=0.5, data_s=0.4, script_s=9.0)
+    text = tables(records, quick=False)
+    row = next(line for line in text.splitlines() if line.startswith("| W1 | allreduce |"))
+    assert [c.strip() for c in row.split("|")][3:6] == ["1.20", "60", "0.60"]  # whole fit s, samples/s, ratio
+    assert "| W1 | 3.00 | 0.50 | 0.40 | 2.00 | 1.20 | 9.00 |" in text  # DDP: start, init, data, first, fit, script
+    assert "| W1: allreduce whole fit >= 1x ddp's | 1.20x | PASS |" in text
 
 
 @pytest.mark.netbed

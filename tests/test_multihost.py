@@ -304,10 +304,11 @@ def test_a_host_lost_mid_fit_is_survived(how, backend, bed, data, undisturbed):
 
 @pytest.mark.parametrize("backend", [PS, AR])
 def test_a_host_lost_as_a_fit_starts_is_survived(backend, bed, data, undisturbed):
-    """A worker's link cut just before a fit: the fit's plugin registration is broadcast to it too,
-    and when the scheduler drops it (worker TTL) mid-broadcast, Dask closes the client's connection
-    that asked (the scheduler takes the broadcast's CommClosedError for its caller's).  The fit
-    registers again and trains on the other host."""
+    """A worker's link cut just before a fit: its set-up call fails, and where the fit registers the
+    worker plugin (a client's first fit on the scheduler) the registration is broadcast to it too:
+    when the scheduler drops it (worker TTL) mid-broadcast, Dask closes the client's connection that
+    asked (the scheduler takes the broadcast's CommClosedError for its caller's), and the fit
+    registers again.  Either way it trains on the other host."""
     calm = undisturbed[backend][0]
     victim = bed.net.hosts[-1]
     victim.link(up=False)

@@ -89,8 +89,8 @@ class Trainer:
     """This worker process's fits, keyed by fit id (several fits may share a worker), and the
     handlers the client calls, one method per RPC (``adadamp_setup``, ``adadamp_gradient``, ...).
 
-    One per process (:data:`TRAINER`): it outlives the plugin, which every fit registers again
-    (Dask then tears the old plugin down and sets the new one up).  Gradients of all fits are
+    One per process (:data:`TRAINER`): it outlives the plugin, which a client registers again when
+    it finds another scheduler (Dask then tears the old plugin down and sets the new one up).  Gradients of all fits are
     computed on one thread (``executor``), so concurrent fits queue instead of competing for the
     worker's cores.
     """
@@ -286,8 +286,8 @@ TRAINER = Trainer()
 class TrainerPlugin(WorkerPlugin):
     """Installs adadamp's RPC handlers (:class:`Trainer`'s methods) and sets PyTorch up for this worker.
 
-    Registered by the client once per fit (``client.register_plugin``); Dask hands it to workers
-    that join later, so new workers are ready too.
+    Registered once per client and scheduler (:func:`adadamp.cluster.ensure_plugin`); Dask
+    hands it to workers that join or restart later, so they are ready too.
     """
 
     name = "adadamp-trainer"

@@ -222,7 +222,7 @@ class Backend(abc.ABC):
         if self._policy.shared:  # as many workers as on a cluster of its own (the embedded one's start)
             self.members.limit = self._policy.first_workers(self.damper.forecast_batch_size(self.loop.epoch))
         self.transport = transport
-        cl.register_worker_plugin(self.client, TrainerPlugin(), TrainerPlugin.name)
+        cl.ensure_plugin(self.client, TrainerPlugin, TrainerPlugin.name, register=cl.register_worker_plugin)
         stack.callback(self.members.release)
         watcher = self.members.watch()
         stack.callback(watcher.cancel)

@@ -1,0 +1,106 @@
+"""The set-up path of a warm fit, counted (issue 30): what a second ``fit`` on a warm cluster asks of
+the scheduler and of each worker, and the bytes it copies.  No clock is read: a regression (an
+extra scheduler round, the worker plugin registered again, a data copy, a worker touched twice)
+changes a count."""
+
+import collections
+import functools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from adadamp import DaskClassifier
+from adadamp.wire import shm
+
+#: What the scheduler's and the workers' RPC handlers were asked, in this process (each counts its own).
+_CALLS: collections.Counter = collections.Counter()
+
+#: Scheduler ops whose count follows the fit's duration, not its set-up: the membership's look at the
+#: worker list (``identity``, every ``MEMBERSHIP_INTERVAL``), the live page's progress (``log_event``,
+#: every half second), the workers' heartbeats, and the all-reduce group's rendezvous polls.
+PERIODIC = {"identity", "log_event", "heartbeat_worker", "get_metadata"}
+
+
+def _count_handlers(dask_scheduler=None, dask_worker=None) -> None:
+    """Wrap every RPC handler of this server so that each call is counted in ``_CALLS`` (idempotent)."""
+    server = dask_scheduler if dask_scheduler is not None else dask_worker
+    for op, handler in list(server.handlers.items()):
+        if getattr(handler, "_counted", False):
+            continue
+
+        @functools.wraps(handler)  # Dask reads the handler's signature (``comm`` first, ``serializers``)
+        def counted(*args, _op=op, _handler=handler, **kwargs):
+            _CALLS[_op] += 1
+            return _handler(*args, **kwargs)
+
+        counted._counted = True
+        server.handlers[op] = counted
+    _CALLS.clear()
+
+
+def _read(dask_scheduler=None, dask_worker=None) -> dict:
+    out = dict(_CALLS)
+    _CALLS.clear()
+    return out
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((512, 16), dtype=np.float32), rng.integers(0, 4, 512)
+
+
+@pytest.mark.parametrize("backend", ["parameter-server", "allreduce"])
+def test_a_warm_fits_setup_asks_each_worker_once_and_copies_the_data_once(backend, client, data, monkeypatch):
+    X, y = data
+    copied = []
+    share_data = shm.SharedBuffers.share_data
+
+    def counting_share_data(self, **arrays):
+        copied.append(sum(a.nbytes for a in arrays.values()))
+        return share_data(self, **arrays)
+
+    monkeypatch.setattr(shm.SharedBuffers, "share_data", counting_share_data)
+
+    def fit():
+        return DaskClassifier(module=_mlp(), batch_size=128, max_epochs=1, min_workers=2, client=client,
+                              backend=backend, random_state=0).fit(X, y)
+
+    fit()  # the cluster's first fit (and the workers' first torch calls)
+    workers = sorted(client.scheduler_info()["workers"])
+    assert len(workers) == 2
+    client.run(_count_handlers)
+    client.run_on_scheduler(_count_handlers)
+    copied.clear()
+    est = fit()
+    scheduler = client.run_on_scheduler(_read)
+    per_worker = client.run(_read)
+    assert est.history_[-1]["n_workers"] == 2
+
+    # scheduler: no plugin registration (the trainer's on the workers, the live page's), no broadcast
+    asked = {op: n for op, n in scheduler.items() if op not in PERIODIC}
+    assert "register_worker_plugin" not in asked and "broadcast" not in asked, asked  # nor the live page's
+    expected = {"run_function": 1}  # this test's own _read
+    if backend == "allreduce":  # the group's rendezvous keys, written by its members, emptied at the end
+        expected["set_metadata"] = asked.get("set_metadata", 0)
+    assert asked == expected, asked
+
+    # each worker: its plugin left alone; set up once, its blocks placed once, released once
+    for w in workers:
+        ops = {op: n for op, n in per_worker[w].items() if op != "run"}  # "run": this test's _read
+        assert "plugin-add" not in ops and "plugin-remove" not in ops, (w, ops)
+        adadamp = {op: n for op, n in ops.items() if op.startswith("adadamp_")}
+        want = {"adadamp_setup": 1, "adadamp_data": 1, "adadamp_release": 1}
+        if backend == "allreduce":
+            want.update(adadamp_group=1, adadamp_commit=1)
+        assert adadamp == want, (w, ops)
+
+    # bytes: the training data copied into shared memory once; no block crosses a socket
+    assert copied == [X.nbytes + y.astype(np.int64).nbytes]
