@@ -302,7 +302,7 @@ class Goodput(BaseDamper):
         self.batch_size_ = int(self.initial)
         self.workers_ = None
         self.planned_ = None  # (batch size, workers) asked for, switched to once the workers are there
-        self.waited_ = 0.0  # seconds of updates since
+        self.waited_ = 0.0  # seconds of updates since they were asked for
         self.evaluated_at_ = 0
         self.n_changes_ = 0
         self.timings_ = []  # [batch size, workers, compute s, other s] of recent updates
@@ -446,7 +446,8 @@ class Goodput(BaseDamper):
         self.n_changes_ += 1
 
     def _current_workers(self) -> int:
-        return int(self.workers_ or self.last_workers_ or 1)
+        """The workers the last update had (the cluster may have clipped or lost some), else the choice."""
+        return int(self.last_workers_ or self.workers_ or 1)
 
     def _gain_power(self) -> float:
         rule = self.lr_rule

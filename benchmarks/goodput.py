@@ -1,0 +1,278 @@
+"""Is Goodput good?  Time to a target test accuracy on emulated devices (issue 32, item 5).
+
+On three tasks, each run on its own LocalCluster of emulated accelerators
+(:class:`benchmarks.emulated.Emulated`: every training forward on a worker sleeps ``FIXED`` plus
+``PER_EXAMPLE`` per example, off the CPU), the parameter-server backend and SGD (momentum 0.9):
+
+- **constant**: a small grid of constant batch sizes, each on the workers it wants at 32 examples
+  per worker (32/1, 64/2, 128/4, 256/8), the learning rate scaled linearly with the batch
+  (Goyal et al. 2017): the hand-tuned baseline is the best of these per task;
+- **geodamp-defaults**: ``batch_size=GeoDamp`` with nothing set (initial 32, delay 5, factor 2;
+  ``grads_per_worker`` the estimator's default 128);
+- **geodamp-tuned**: GeoDamp growing the batch 32 -> 256 and the workers with it at 32 examples
+  per worker, every 1 or every 2 epochs (the better of the two per task);
+- **goodput**: ``batch_size=Goodput`` with nothing set.
+
+Every run may use 8 workers (``max_workers=8``, ``scale_cluster=True``) and starts with the
+workers its first batch wants, already running; workers it asks for later start during the fit
+(their start is part of its time).  The test accuracy is measured on the client four times per
+epoch; time to target is the wall-clock time of the fit until the first such point at the target,
+less the evaluations.  Every run goes on to ``max_epochs`` (the same for all), where its final
+accuracy is read: the accuracy at equal epochs.
+
+Usage (each piece appends its runs to ``benchmarks/goodput.json``; ``--report`` writes
+``benchmarks/goodput.md`` and ``goodput.png`` from it)::
+
+    python -m benchmarks.goodput --tasks blobs4 --configs constant-32 goodput
+    python -m benchmarks.goodput --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.datasets import make_classification
+
+from adadamp import DaskClassifier
+from adadamp.callbacks import Callback
+from adadamp.dampers import GeoDamp, Goodput
+from adadamp.modules import MLP
+
+from .emulated import Emulated
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "goodput.json"
+#: The emulated device: seconds per training forward and per example (a device ~20x slower than
+#: emulated.py's defaults, so that on this 2-core machine the device, not the CPU, sets the time).
+FIXED, PER_EXAMPLE = 2e-3, 0.2e-3
+MAX_WORKERS = 8
+EVALS_PER_EPOCH = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    n_classes: int
+    n_features: int
+    n_informative: int
+    flip_y: float
+    hidden: tuple[int, ...]
+    lr: float  #: SGD's learning rate at batch 32
+    target: float  #: test accuracy to reach
+    max_epochs: int
+    about: str
+
+    @functools.cached_property
+    def data(self):
+        X, y = make_classification(
+            n_samples=20_000, n_features=self.n_features, n_informative=self.n_informative, n_redundant=0,
+            n_classes=self.n_classes, n_clusters_per_class=2, class_sep=1.0, flip_y=self.flip_y, random_state=0,
+        )
+        X = X.astype(np.float32)
+        return X[:16_000], y[:16_000], X[16_000:], y[16_000:]
+
+
+TASKS = {t.name: t for t in (
+    Task("blobs4", 4, 32, 16, 0.0, (128, 128), lr=0.05, target=0.95, max_epochs=5,
+         about="4 classes x 2 Gaussian clusters, 32 features (16 informative); MLP 32-128-128-4"),
+    Task("noisy10", 10, 64, 24, 0.1, (256,), lr=0.02, target=0.75, max_epochs=5,
+         about="10 classes x 2 clusters, 64 features (24 informative), 10% of labels random; MLP 64-256-10"),
+    Task("wide2", 2, 128, 64, 0.05, (64,), lr=0.02, target=0.90, max_epochs=5,
+         about="2 classes x 2 clusters, 128 features (64 informative), 5% of labels random; MLP 128-64-2"),
+)}
+
+#: name -> (family, workers at the start, estimator parameters beyond the task's)
+CONFIGS: dict[str, tuple[str, int, dict]] = {
+    **{f"constant-{b}": ("constant", b // 32, {"batch_size": b, "grads_per_worker": 32, "lr_scale": b / 32})
+       for b in (32, 64, 128, 256)},
+    "geodamp-defaults": ("geodamp-defaults", 1, {"batch_size": GeoDamp}),
+    **{f"geodamp-delay{d}": ("geodamp-tuned", 1, {"batch_size": GeoDamp(initial=32, delay=d, factor=2, max_batch_size=256),
+                                                   "grads_per_worker": 32}) for d in (1, 2)},
+    "goodput": ("goodput", 1, {"batch_size": Goodput}),
+}
+
+
+class Curve(Callback):
+    """Test accuracy ``EVALS_PER_EPOCH`` times per epoch against the fit's time less evaluations."""
+
+    def __init__(self, X=None, y=None, start=0.0):
+        self.X, self.y, self.start = X, y, start
+
+    def on_train_begin(self, estimator, **info):
+        self.points_, self.spent_, self.next_ = [], 0.0, 0.0
+
+    def on_update_end(self, estimator, record=None, module=None, loop=None, **info):
+        if loop.epoch + 1e-9 >= self.next_:
+            self._point(module, loop, record)
+            self.next_ = (round(loop.epoch * EVALS_PER_EPOCH) + 1) / EVALS_PER_EPOCH
+
+    def _point(self, module, loop, record):
+        t = time.perf_counter()
+        module.eval()
+        with torch.no_grad():
+            acc = float((module(torch.from_numpy(self.X)).argmax(1).numpy() == self.y).mean())
+        module.train()
+        self.points_.append({"time": t - self.start - self.spent_, "epoch": round(float(loop.epoch), 4),
+                             "updates": int(loop.n_updates), "accuracy": acc,
+                             "batch_size": int(record["batch_size"]), "n_workers": int(record["n_workers"])})
+        self.spent_ += time.perf_counter() - t
+
+
+def run(task: Task, name: str) -> dict:
+    from distributed import Client, LocalCluster
+
+    family, workers, params = CONFIGS[name]
+    params = dict(params)
+    lr = task.lr * params.pop("lr_scale", 1.0)
+    X, y, X_test, y_test = task.data
+    with (
+        LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                     silence_logs=logging.ERROR) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(workers)
+        curve = Curve(X_test, y_test)
+        est = DaskClassifier(
+            module=Emulated, module__inner=MLP, module__fixed=FIXED, module__per_example=PER_EXAMPLE,
+            module__n_features=task.n_features, module__n_outputs=task.n_classes, module__hidden=task.hidden,
+            optimizer=torch.optim.SGD, optimizer__lr=lr, optimizer__momentum=0.9, max_epochs=task.max_epochs,
+            max_workers=MAX_WORKERS, scale_cluster=True, client=client, random_state=0, verbose=0,
+            callbacks=[("curve", curve)], **params,
+        )
+        curve.start = time.perf_counter()
+        est.fit(X, y)
+        wall = time.perf_counter() - curve.start
+    points = dict(est.callbacks_)["curve"].points_  # the clone that ran
+    rows = [u for row in est.history_ for u in row["updates"]]
+    return {
+        "task": task.name, "config": name, "family": family, "lr": lr, "final_accuracy": points[-1]["accuracy"], "epochs": task.max_epochs, "wall": wall, "curve": points,
+        "batch_sizes": sorted({u["batch_size"] for u in rows}), "workers": sorted({u["n_workers"] for u in rows}),
+        "n_updates": len(rows), "changes": getattr(est.damper_, "n_changes_", None),
+        "noise_scale": [u.get("noise_scale") for u in rows[:: max(1, len(rows) // 40)]],
+    }
+
+
+def load() -> list[dict]:
+    """The runs saved, each with its time to its task's target (the first evaluation at the target)."""
+    runs = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    for r in runs:
+        r["target"] = TASKS[r["task"]].target
+        hit = next((p for p in r["curve"] if p["accuracy"] >= r["target"]), None)
+        r["time_to_target"] = None if hit is None else hit["time"]
+        r["epoch_at_target"] = None if hit is None else hit["epoch"]
+    return runs
+
+
+def save(new: dict) -> None:
+    runs = [r for r in load() if (r["task"], r["config"]) != (new["task"], new["config"])]
+    for r in runs:
+        for key in ("target", "time_to_target", "epoch_at_target"):
+            r.pop(key)
+    RESULTS.write_text(json.dumps([*runs, new], indent=1) + "\n")
+
+
+def _fmt(t):
+    return "not reached" if t is None else f"{t:.1f} s"
+
+
+def report() -> str:
+    runs = load()
+    lines = ["# Goodput against hand-tuned batch sizes and GeoDamp (issue 32, item 5)", "",
+             f"Generated by `python -m benchmarks.goodput --report` from `goodput.json` (see the module docstring "
+             f"for the method). Emulated device: {FIXED * 1e3:g} ms per training forward + {PER_EXAMPLE * 1e3:g} ms "
+             f"per example; parameter server, SGD (momentum 0.9), at most {MAX_WORKERS} workers, 2-core machine shared "
+             "with other work: one run per configuration, so expect +-20% between runs.", ""]
+    summary = ["| task | target | best constant (hand-tuned) | GeoDamp defaults | GeoDamp tuned | Goodput | "
+               "Goodput / best constant | GeoDamp defaults / Goodput | final acc.: best / Goodput |", "|---" * 9 + "|"]
+    for task in TASKS.values():
+        mine = [r for r in runs if r["task"] == task.name]
+        if not mine:
+            continue
+
+        def best(family, runs=mine):
+            cands = [r for r in runs if r["family"] == family]
+            reached = [r for r in cands if r["time_to_target"] is not None]
+            return min(reached, key=lambda r: r["time_to_target"]) if reached else (cands[0] if cands else None)
+
+        const, geo_d, geo_t, good = (best(f) for f in ("constant", "geodamp-defaults", "geodamp-tuned", "goodput"))
+
+        def cell(r):
+            return "-" if r is None else f"{_fmt(r['time_to_target'])} ({r['config']})"
+
+        ratio = ahead = "-"
+        if good and const and good["time_to_target"] and const["time_to_target"]:
+            ratio = f"{good['time_to_target'] / const['time_to_target']:.2f}"
+        if good and geo_d and good["time_to_target"]:
+            ahead = f"{geo_d['time_to_target'] / good['time_to_target']:.2f}" if geo_d["time_to_target"] else "> " + \
+                f"{geo_d['wall'] / good['time_to_target']:.1f} (not reached)"
+        top = max(mine, key=lambda r: r["final_accuracy"])
+        final = "-" if good is None else f"{top['final_accuracy']:.4f} ({top['config']}) / {good['final_accuracy']:.4f}"
+        summary.append(f"| {task.name} | {task.target} | {cell(const)} | {cell(geo_d)} | {cell(geo_t)} | {cell(good)} | "
+                       f"{ratio} | {ahead} | {final} |")
+    lines += summary + ["", "## Every run", "",
+                        "| task | run | time to target | epoch at target | final accuracy | batch sizes | workers | updates |",
+                        "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: (r["task"], r["config"])):
+        b = r["batch_sizes"]
+        lines.append(f"| {r['task']} | {r['config']} | {_fmt(r['time_to_target'])} | {r['epoch_at_target'] or '-'} | "
+                     f"{r['final_accuracy']:.4f} | {b[0]}-{b[-1]} | {r['workers'][0]}-{r['workers'][-1]} | {r['n_updates']} |")
+    lines += ["", "Tasks:", ""] + [f"- {t.name}: {t.about}; 16k train / 4k test; lr {t.lr} at batch 32; "
+                                   f"{t.max_epochs} epochs" for t in TASKS.values()]
+    lines += ["", "![accuracy against wall-clock time](goodput.png)", ""]
+    text = "\n".join(lines)
+    (HERE / "goodput.md").write_text(text)
+    plot(runs)
+    return text
+
+
+def plot(runs: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = [t for t in TASKS if any(r["task"] == t for r in runs)]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
+    style = {"constant": ("tab:gray", ":"), "geodamp-defaults": ("tab:orange", "--"), "geodamp-tuned": ("tab:blue", "-."),
+             "goodput": ("tab:red", "-")}
+    for ax, name in zip(axes[0], tasks):
+        for r in sorted((r for r in runs if r["task"] == name), key=lambda r: r["config"]):
+            color, ls = style[r["family"]]
+            pts = r["curve"]
+            ax.plot([p["time"] for p in pts], [p["accuracy"] for p in pts], color=color, ls=ls, label=r["config"],
+                    lw=2 if r["family"] == "goodput" else 1)
+        ax.axhline(TASKS[name].target, color="k", lw=0.5)
+        ax.set(title=name, xlabel="wall-clock seconds (evaluation excluded)", ylabel="test accuracy")
+        lo = TASKS[name].target - 0.1
+        ax.set_ylim(lo, None)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(HERE / "goodput.png", dpi=100)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tasks", nargs="*", default=list(TASKS))
+    p.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    p.add_argument("--report", action="store_true", help="only write goodput.md and goodput.png")
+    args = p.parse_args(argv)
+    if not args.report:
+        for t in args.tasks:
+            for c in args.configs:
+                out = run(TASKS[t], c)
+                save(out)
+                print(json.dumps({k: v for k, v in out.items() if k not in ("curve", "noise_scale")}), flush=True)
+                print("   ", [(p["epoch"], round(p["accuracy"], 4), round(p["time"], 1)) for p in out["curve"]], flush=True)
+    print(report())
+
+
+if __name__ == "__main__":
+    main()
