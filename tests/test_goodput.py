@@ -291,7 +291,7 @@ def test_grows_batch_and_workers_as_the_noise_scale_grows():
     ):
         est = DaskRegressor(
             module=Device, optimizer=torch.optim.SGD, optimizer__lr=0.01,
-            batch_size=Goodput, batch_size__initial=8, batch_size__interval=8, batch_size__smoothing=0.99,
+            batch_size=Goodput, batch_size__initial=8, batch_size__interval=8,
             scale_cluster=True, max_workers=2, max_epochs=200, random_state=0, client=client,
             callbacks=[("grown", StopWhenGrown(batch=32, workers=2))],
         ).fit(X, y)

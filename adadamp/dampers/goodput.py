@@ -198,8 +198,10 @@ class Goodput(BaseDamper):
         The most the batch size and the workers change by at once (> 1).
     threshold : float, default=0.05
         Predicted goodput gain a change must bring (>= 0): the hysteresis.
-    smoothing : float, default=0.999
-        Per-base-batch weight of the noise estimates' moving averages, in (0, 1) (AdaScale's).
+    smoothing : float, default=0.99
+        Per-base-batch weight of the noise estimates' moving averages, in (0, 1): a memory of
+        about ``1 / (1 - smoothing)`` = 100 base batches, so that the noise scale follows a fit
+        of a few epochs (AdaScale's and adaptdl's 0.999 remembers 1000 and lags there).
     lr_rule : {"auto", "sgd", "adam"}, default="auto"
         The learning rate's gain: ``"sgd"`` the gain, ``"adam"`` its square root; ``"auto"``
         picks from the fit's optimizer (``torch.optim.SGD``: the gain; any other: the square
@@ -248,7 +250,7 @@ class Goodput(BaseDamper):
         interval: int = 20,
         max_factor: float = 2.0,
         threshold: float = 0.05,
-        smoothing: float = 0.999,
+        smoothing: float = 0.99,
         lr_rule: str = "auto",
         momentum=None,
     ):
@@ -287,7 +289,7 @@ class Goodput(BaseDamper):
         if not _is_real(self.smoothing) or not 0 < self.smoothing < 1:
             raise ValueError(
                 f"{name}: smoothing must be in (0, 1) (per-base-batch weight of the noise estimates' "
-                f"moving averages, e.g. 0.999); got {self.smoothing!r}."
+                f"moving averages, e.g. 0.99); got {self.smoothing!r}."
             )
         if self.lr_rule not in LR_RULES:
             raise ValueError(
