@@ -117,13 +117,14 @@ def _record(batch, workers, compute, other):
     return UpdateRecord(batch, 0.1, workers, 1.0, compute, other, 0.0, 0.0, 0.0, compute + other)
 
 
-def _drive(d, n_updates, stats, timing, budget=8, arrive=True, n_data=100_000):
+def _drive(d, n_updates, stats, timing, budget=8, arrive=True, n_data=100_000, warm=False):
     """Run ``d`` as the engine does for ``n_updates`` updates on a cluster whose workers arrive
-    when asked for (``arrive``) or never; returns (batch, workers) per update."""
+    when asked for (``arrive``) or never, or are all running from the start (``warm``); returns
+    (batch, workers) per update."""
     d.reset(n_data)
     live, seen = 1, []
     for t in range(n_updates):
-        state = TrainState(t, 0, 0.0, n_data, live, max_workers=budget)
+        state = TrainState(t, 0, 0.0, n_data, live, max_workers=budget, available_workers=budget if warm else None)
         batch = d.next_batch_size(state)
         workers = d.workers_for(batch) or 1
         if arrive:  # the cluster was asked for the coming batch's workers
@@ -200,6 +201,11 @@ def test_more_workers_are_asked_for_before_the_batch_changes(monkeypatch):
     monkeypatch.setattr(goodput, "WORKER_WAIT", 0.05)
     seen = _drive(d, 25, _pure_noise, _device, arrive=False)
     assert seen[16] == (54, 1) and seen[17] == (64, 2)
+
+
+def test_on_a_warm_cluster_more_workers_are_taken_at_once():
+    seen = _drive(Goodput(initial=32, interval=10), 12, _pure_noise, _device, arrive=False, warm=True)
+    assert seen[9] == (32, 1) and seen[10] == (64, 2)  # idle workers are there: no plan, no wait
 
 
 def test_learning_rate_follows_the_adascale_gain_or_its_square_root():

@@ -38,6 +38,11 @@ class TrainState:
         ``max_workers`` when it scales the cluster, else at most the
         cluster's workers); None where unknown (:func:`simulate_schedule`).
         :class:`Goodput` spends this budget.
+    available_workers : int or None, default=None
+        Workers running in the cluster now: this fit's and those it could
+        take at once (idle ones on a shared cluster; not those still
+        starting); None where unknown.  :class:`Goodput` changes to more
+        workers once they are there.
 
     Examples
     --------
@@ -53,6 +58,7 @@ class TrainState:
     n_workers: int
     loss: float | None = None
     max_workers: int | None = None
+    available_workers: int | None = None
 
 
 @dataclass(frozen=True)

@@ -177,8 +177,8 @@ class Goodput(BaseDamper):
     the current one, at most every ``interval`` updates and by at most ``max_factor``, so the
     cluster does not thrash.  Where more workers are needed, they are asked for first
     (:meth:`forecast_batch_size` names the coming batch) and the change is made once they are
-    there (or after ``WORKER_WAIT`` = 10 s of training where the fit cannot see them arrive: a
-    cluster shared with other fits).  Nothing restarts: the workers join the running fit.
+    there (``TrainState.available_workers``: on a warm cluster at once; or after ``WORKER_WAIT``
+    = 10 s of training if they do not come).  Nothing restarts: the workers join the running fit.
 
     The learning rate follows AdaScale's gain ``r = S E(B)`` with ``S = B / B_0`` (Johnson et al.
     2020): ``lr = r * lr_0`` for SGD, ``sqrt(r) * lr_0`` for Adam and the other adaptive
@@ -319,7 +319,7 @@ class Goodput(BaseDamper):
 
     def next_batch_size(self, state: TrainState) -> int:
         planned = self.planned_
-        if planned is not None and (state.n_workers >= planned[1] or self.waited_ >= WORKER_WAIT):
+        if planned is not None and (_available(state) >= planned[1] or self.waited_ >= WORKER_WAIT):
             self._switch(*planned)  # the workers asked for are there (or are not coming soon)
             self.planned_, self.evaluated_at_ = None, state.n_updates
         elif state.n_updates - self.evaluated_at_ >= self.interval:
@@ -428,7 +428,7 @@ class Goodput(BaseDamper):
             if previous is not None and self._goodput(model, noise, *previous) > self._goodput(model, noise, *current):
                 self.planned_ = previous  # it stands while it is better: dropping it would retire its workers
             return
-        if target[1] > state.n_workers:
+        if target[1] > _available(state):
             # Ask for the workers first (the coming batch's, forecast_batch_size), change when they
             # are there, and meanwhile take the best smaller batch on the workers there.  The
             # engine asks for workers by batch size: a batch one example larger names the coming
@@ -438,7 +438,7 @@ class Goodput(BaseDamper):
             if previous != target:
                 self.waited_ = 0.0
             self.planned_ = target
-            target = self.best(model, noise, *current, budget=state.n_workers, below=target[0])
+            target = self.best(model, noise, *current, budget=_available(state), below=target[0])
             if not worth(target):
                 return
         self._switch(*target)
@@ -456,3 +456,8 @@ class Goodput(BaseDamper):
         if rule == "auto":
             rule = "adam" if self.optimizer_family_ == "adaptive" else "sgd"
         return 0.5 if rule == "adam" else 1.0
+
+
+def _available(state: TrainState) -> int:
+    """The workers the fit could train on now (its own when the engine does not say)."""
+    return max(state.available_workers or 0, state.n_workers)

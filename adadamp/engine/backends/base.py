@@ -367,7 +367,8 @@ class Backend(abc.ABC):
         """Look at the workers, ask the damper for the batch size (and size the cluster for it),
         and draw the batch's examples."""
         self.members.refresh()
-        state = self.loop.train_state(len(self.workers), self._worker_budget())
+        running = self.members.running()
+        state = self.loop.train_state(len(self.workers), self._worker_budget(running), min(running, self.policy.max_workers))
         batch_size = int(self.damper.next_batch_size(state))
         if batch_size < 1:
             raise ValueError(f"{type(self.damper).__name__} asked for batch size {batch_size}; it must be >= 1.")
@@ -384,12 +385,12 @@ class Backend(abc.ABC):
         n_chunks = 2 if need == "chunks" else 1  # "norm" is computed from the summed gradient
         return Batch(state, idx, epoch, ahead, need, n_chunks, start, batch_size)
 
-    def _worker_budget(self) -> int:
+    def _worker_budget(self, running: int) -> int:
         """The most workers this fit may train on: ``max_workers`` when it scales the cluster,
-        else the workers the cluster has or plans (at most ``max_workers``)."""
+        else the workers the cluster runs or plans (at most ``max_workers``)."""
         if self.policy.scale:
             return self.policy.max_workers
-        return min(self.policy.max_workers, max(len(self.workers), self.members.planned(), 1))
+        return min(self.policy.max_workers, max(running, self.members.planned(), 1))
 
     def update(self) -> dict:
         """One model update; returns its row of the history (the damper is shown its record and
