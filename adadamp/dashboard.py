@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 #: The event topic that lists the fits; each fit publishes its records under ``TOPIC + "/" + id``.
 TOPIC = "adadamp"
-UPDATE_FIELDS = ("batch_size", "lr", "n_workers", "loss", "compute_time", "comm_time", "step_time", "update_time")
+UPDATE_FIELDS = ("batch_size", "lr", "n_workers", "loss", "compute_time", "comm_time", "step_time", "update_time",
+                 "noise_scale", "efficiency", "predicted_throughput")  # the last three: Goodput's reasons
 MAX_POINTS = 2000  # per series sent to the page (longer fits are thinned evenly)
 #: What a fit id looks like (``Publisher`` draws 12 hex digits); the page refuses anything else.
 FIT_ID = re.compile(r"[0-9a-f]{12}")
@@ -308,10 +309,14 @@ def page_html(data_url: str, fit: str) -> str:
     for field, color in (("update_time", "black"), ("compute_time", "orange"), ("comm_time", "blue"),
                          ("step_time", "green")):
         times.line("update", field, source=updates, legend_label=field.replace("_time", ""), color=color, alpha=0.7)
+    noise = figure(title="gradient noise scale (Goodput's reason)", y_axis_type="log", **size)
+    noise.line("update", "noise_scale", source=updates, color="red")
+    efficiency = figure(title="statistical efficiency of the batch (Goodput)", **size)
+    efficiency.line("update", "efficiency", source=updates, color="gray")
     for fig in (loss, times):
         fig.legend.location = "top_right"
         fig.legend.click_policy = "hide"
-    script, div = components(gridplot([[loss, times], [batch, lr], [workers, None]]))
+    script, div = components(gridplot([[loss, times], [batch, lr], [workers, noise], [efficiency, None]]))
     resources = Resources(mode="inline", components=["bokeh"])  # Bokeh's JavaScript in the page (1.3 MB)
     return _PAGE.format(resources=resources.render(), script=script, div=div, data_url=_script_json(data_url),
                         fit=_script_json(fit))

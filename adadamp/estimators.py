@@ -510,6 +510,7 @@ class BaseDaskEstimator(BaseEstimator):
                 state.fingerprint = self._fingerprint(made.source)
             state.callbacks = callbacks  # the clones that run, kept with what they learn
             optimizer_plan.check_supported(state.optimizer, state.damper)
+            state.damper.bind_optimizer(optimizer_plan.lr_family(state.optimizer))
             weighted = building.weighted_criterion(state.criterion, made.head[1]) if made.weighted else None
             valid = made.valid if weighted is None or made.valid is None else (*made.valid, weighted)
             shown = dashboard.short_params(params)

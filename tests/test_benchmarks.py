@@ -1,4 +1,5 @@
-"""The benchmark report (benchmarks/run.py) from synthetic records: ratios, pairing and bars; the test
+"""The benchmark report (benchmarks/run.py) from synthetic records: ratios, pairing and bars; Goodput's
+comparison's targets and table (benchmarks/goodput.py); the test
 bed benchmark (benchmarks/netbed.py) in its quick settings."""
 
 import json
@@ -68,3 +69,22 @@ def test_netbed_quick_measures_every_system_and_writes_the_report(netbed_ready, 
     assert all(r["sent_bytes"] < 1024 for r in rows if r["system"] == "allreduce")  # issue 29, item 3
     report = (tmp_path / "netbed.md").read_text()
     assert "| 0.1M | 2 | 1 Gb/s | allreduce |" in report and "Simulator error on the shaped rows" in report
+
+
+def test_goodput_targets_come_from_the_constant_runs_alone():
+    from benchmarks import goodput
+
+    def run(config, family, final, curve):
+        return {"task": "blobs4", "config": config, "family": family, "final_accuracy": final,
+                "curve": [{"time": t, "accuracy": a, "epoch": 1.0} for t, a in curve]}
+
+    runs = [run("constant-32", "constant", 0.8965, [(1.0, 0.8), (5.0, 0.9185)]),
+            run("constant-256", "constant", 0.877, [(1.0, 0.89)]),
+            run("goodput", "goodput", 0.99, [(0.5, 0.99)])]  # never sets the target
+    assert goodput.target(runs, "blobs4") == pytest.approx(0.885)  # 0.8965 - 0.01, down to 0.005
+    assert goodput.high_target(runs, "blobs4") == pytest.approx(0.915)
+    for r in runs:
+        r["time_to_target"] = next((t["time"] for t in r["curve"] if t["accuracy"] >= 0.885), None)
+        r["target"], r["wall"] = 0.885, 10.0
+    row = goodput.summary(runs)[2]
+    assert "| 1.0 s (constant-256) |" in row and "| 0.5 s (goodput) |" in row and "| 0.50 |" in row

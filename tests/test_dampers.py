@@ -169,7 +169,7 @@ def test_trainstate_loss_field_is_optional():
 
 def test_docstring_examples():
     attempted = 0
-    for name in ("adascale", "adaptive", "base", "damping", "dynamic_sgd", "growth", "momentum", "simulation"):
+    for name in ("adascale", "adaptive", "base", "damping", "dynamic_sgd", "goodput", "growth", "momentum", "simulation"):
         module = importlib.import_module(f"adadamp.dampers.{name}")
         result = doctest.testmod(module, extraglobs=vars(dampers), optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, name

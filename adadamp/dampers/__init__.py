@@ -43,6 +43,14 @@ Learning-rate rules for a changing batch size (they wrap a batch schedule):
 * :class:`DynamicSGD` -- momentum compensation (Lin et al. 2019, §3.2 eq. 6)
   or the velocity form of Lin et al. 2019, App. B.4.
 
+Batch size and workers from measurements:
+
+* :class:`Goodput` -- the batch size and the workers that maximize throughput x
+  statistical efficiency (Pollux, Qiao et al. OSDI'21), the efficiency from the
+  gradient noise scale (McCandlish et al. 2018), the throughput from the fit's
+  own update times (:class:`ThroughputModel`); the learning rate follows
+  AdaScale's gain.
+
 Every damper accepts ``momentum`` (None, a float, a callable
 ``momentum(n_workers, batch_size)`` or ``"tang"``, see :func:`tang_momentum`).
 Callables given as parameters must be module-level functions if the damper is
@@ -75,6 +83,7 @@ from .adascale import AdamScale, AdaScale
 from .base import BaseDamper, Constant, GradStats, TrainState, UpdatePlan
 from .damping import GeoDamp, GeoDampLR, Seesaw
 from .dynamic_sgd import DynamicSGD
+from .goodput import Goodput, ThroughputModel
 from .growth import CntsDampLR, GradientDescent, PadaDamp
 from .momentum import tang_momentum
 from .simulation import count_updates, simulate_schedule
@@ -89,11 +98,13 @@ __all__ = [
     "DynamicSGD",
     "GeoDamp",
     "GeoDampLR",
+    "Goodput",
     "GradStats",
     "GradientDescent",
     "PadaDamp",
     "RadaDamp",
     "Seesaw",
+    "ThroughputModel",
     "TrainState",
     "UpdatePlan",
     "count_updates",

@@ -33,6 +33,16 @@ class TrainState:
         weights before that update), or None before the first update.  Only
         :class:`AdaDamp` and :class:`RadaDamp` read it; they raise if it is
         missing after the first update.
+    max_workers : int or None, default=None
+        The most workers the fit may train on (the estimator's
+        ``max_workers`` when it scales the cluster, else at most the
+        cluster's workers); None where unknown (:func:`simulate_schedule`).
+        :class:`Goodput` spends this budget.
+    available_workers : int or None, default=None
+        Workers running in the cluster now: this fit's and those it could
+        take at once (idle ones on a shared cluster; not those still
+        starting); None where unknown.  :class:`Goodput` changes to more
+        workers once they are there.
 
     Examples
     --------
@@ -47,6 +57,8 @@ class TrainState:
     n_data: int
     n_workers: int
     loss: float | None = None
+    max_workers: int | None = None
+    available_workers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +181,43 @@ class BaseDamper(BaseEstimator):
         True
         """
         return None
+
+    def bind_optimizer(self, family: str) -> None:
+        """Told, before the first update of each ``fit``/``partial_fit`` call, which optimizer
+        the fit steps: ``"sgd"`` (``torch.optim.SGD``) or ``"adaptive"`` (Adam and the others,
+        whose step is normalized by the gradient's magnitude).  Dampers whose learning-rate rule
+        depends on it (:class:`Goodput`) keep it; the default ignores it.
+
+        Examples
+        --------
+        >>> d = Goodput().reset(n_data=100)
+        >>> d.bind_optimizer("adaptive")
+        >>> d.optimizer_family_
+        'adaptive'
+        """
+
+    def observe(self, record) -> None:
+        """Told after each model update what it cost: its :class:`~adadamp.records.UpdateRecord`
+        (batch size, workers, ``compute_time``, ``comm_time``, ``update_time``, ...).  The
+        default ignores it; :class:`Goodput` fits its throughput model to these.
+
+        Examples
+        --------
+        >>> from adadamp.records import UpdateRecord
+        >>> Constant(batch_size=32).observe(UpdateRecord(32, 0.1, 1, 0.5, 0.01, 0.002, 0.0, 0.0, 0.0, 0.013))
+        """
+
+    def explain(self) -> dict[str, float]:
+        """Numbers the damper adds to the row of the update it just planned in ``history_``:
+        why it chose as it did (:class:`Goodput`: the noise scale, the efficiency, the predicted
+        throughput).  Plain floats; the default adds none.
+
+        Examples
+        --------
+        >>> Constant(batch_size=32).explain()
+        {}
+        """
+        return {}
 
     def reset(self, n_data: int) -> BaseDamper:
         """Validate parameters and clear training state before a fresh fit.

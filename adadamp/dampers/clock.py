@@ -77,10 +77,13 @@ class LoopState:
     def permutation(self) -> np.ndarray:
         return epoch_permutation(self.seed, self.data_epoch, self.n_data)
 
-    def train_state(self, n_workers: int) -> TrainState:
-        """What a damper sees before the next update."""
+    def train_state(self, n_workers: int, max_workers: int | None = None,
+                    available_workers: int | None = None) -> TrainState:
+        """What a damper sees before the next update (``max_workers``: the fit's budget of workers;
+        ``available_workers``: those running that it could use now)."""
         return TrainState(
-            self.n_updates, self.n_samples_seen, self.epoch, self.n_data, max(1, n_workers), loss=self.last_loss
+            self.n_updates, self.n_samples_seen, self.epoch, self.n_data, max(1, n_workers), loss=self.last_loss,
+            max_workers=max_workers, available_workers=available_workers,
         )
 
 

@@ -181,6 +181,12 @@ class Membership:
         if lost:
             self.refresh(force=True, lost=lost)
 
+    def running(self) -> int:
+        """The workers the scheduler listed as running at the watcher's last look (this fit's, idle
+        ones, other fits' on a shared cluster), and at least this fit's."""
+        latest = self._latest
+        return max(len(latest) if isinstance(latest, dict) else 0, len(self.workers))
+
     def planned(self) -> int:
         """The workers the client's cluster means to have (a ``SpecCluster``'s ``plan``: running,
         starting or being restarted by their nanny); 0 when the client has no such cluster."""

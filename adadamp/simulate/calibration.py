@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
-from numpy.typing import NDArray
 
+from .._lstsq import grouped_fit
 from .network import Centralized, Network, RingAllReduce
 from .timing import predict_time
 from .trace import UpdateTrace, from_history
@@ -89,30 +89,6 @@ class Calibration:
             time_per_epoch=self.time_per_epoch,
             time_per_rescale=self.time_per_rescale,
         )
-
-
-def _grouped_fit(y: NDArray[np.float64], x: NDArray[np.float64], method: str) -> NDArray[np.float64]:
-    """Fit ``y ~ x @ coef`` (x has an intercept column) with ``coef >= 0``.
-
-    Rows are grouped by identical ``x``; each group is summarised by its mean
-    ("mean": identical to ordinary least squares on the raw rows) or median
-    ("median": robust to stragglers), then fitted by least squares weighted by
-    group size.  A negative coefficient is set to zero and the rest refitted.
-    """
-    rows, inverse, counts = np.unique(x, axis=0, return_inverse=True, return_counts=True)
-    inverse = inverse.ravel()
-    center = np.array([(np.mean if method == "mean" else np.median)(y[inverse == g]) for g in range(len(rows))])
-    w = np.sqrt(counts.astype(np.float64))
-    active = list(range(x.shape[1]))
-    coef = np.zeros(x.shape[1])
-    while active:
-        sol, *_ = np.linalg.lstsq(rows[:, active] * w[:, None], center * w, rcond=None)
-        if np.all(sol >= 0):
-            coef[:] = 0.0
-            coef[active] = sol
-            break
-        active.pop(int(np.argmin(sol)))
-    return coef
 
 
 def calibrate(
@@ -233,7 +209,7 @@ def calibrate(
         raise ValueError("per_worker=True needs updates at two or more worker counts.")
     fit_pw = n_counts >= 2 if per_worker is None else bool(per_worker)
     design = np.column_stack([np.ones(steady_p.size), steady_p]) if fit_pw else np.ones((steady_p.size, 1))
-    coef = _grouped_fit(resid[steady], design, method)
+    coef = grouped_fit(resid[steady], design, method)
     c0 = float(coef[0])
     c1 = float(coef[1]) if fit_pw else 0.0
 
@@ -250,7 +226,7 @@ def calibrate(
         gaps = trace.epoch_times[:n_ep] - in_updates
         rescales = np.bincount(trace.epochs, weights=rescaled.astype(np.float64), minlength=n_ep)
         if np.unique(rescales).size >= 2:
-            g = _grouped_fit(gaps, np.column_stack([np.ones(n_ep), rescales]), method)
+            g = grouped_fit(gaps, np.column_stack([np.ones(n_ep), rescales]), method)
             per_epoch, rescale = float(g[0]), rescale + float(g[1])
         else:  # rescales cannot be told apart from the per-epoch gap
             per_epoch = max(float(center(gaps)), 0.0)

@@ -28,7 +28,7 @@ import warnings
 
 import torch
 
-__all__ = ["apply_plan", "apply_settings", "check_supported", "group_settings"]
+__all__ = ["apply_plan", "apply_settings", "check_supported", "group_settings", "lr_family"]
 
 
 def _family(defaults: dict) -> str | None:
@@ -37,6 +37,13 @@ def _family(defaults: dict) -> str | None:
     if "momentum" in defaults:
         return "momentum"
     return None
+
+
+def lr_family(optimizer: torch.optim.Optimizer) -> str:
+    """``"sgd"`` for ``torch.optim.SGD`` (its step is the gradient times the learning rate),
+    ``"adaptive"`` for any other (Adam, RMSprop, ...: the step is normalized by the gradient's
+    magnitude), as a damper's :meth:`~adadamp.dampers.BaseDamper.bind_optimizer` is told."""
+    return "sgd" if isinstance(optimizer, torch.optim.SGD) else "adaptive"
 
 
 def check_supported(optimizer: torch.optim.Optimizer, damper) -> None:

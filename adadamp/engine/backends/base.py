@@ -367,7 +367,8 @@ class Backend(abc.ABC):
         """Look at the workers, ask the damper for the batch size (and size the cluster for it),
         and draw the batch's examples."""
         self.members.refresh()
-        state = self.loop.train_state(len(self.workers))
+        running = self.members.running()
+        state = self.loop.train_state(len(self.workers), self._worker_budget(running), min(running, self.policy.max_workers))
         batch_size = int(self.damper.next_batch_size(state))
         if batch_size < 1:
             raise ValueError(f"{type(self.damper).__name__} asked for batch size {batch_size}; it must be >= 1.")
@@ -384,8 +385,16 @@ class Backend(abc.ABC):
         n_chunks = 2 if need == "chunks" else 1  # "norm" is computed from the summed gradient
         return Batch(state, idx, epoch, ahead, need, n_chunks, start, batch_size)
 
+    def _worker_budget(self, running: int) -> int:
+        """The most workers this fit may train on: ``max_workers`` when it scales the cluster,
+        else the workers the cluster runs or plans (at most ``max_workers``)."""
+        if self.policy.scale:
+            return self.policy.max_workers
+        return min(self.policy.max_workers, max(running, self.members.planned(), 1))
+
     def update(self) -> dict:
-        """One model update; returns its record for the history."""
+        """One model update; returns its row of the history (the damper is shown its record and
+        adds its reasons, :meth:`~adadamp.dampers.BaseDamper.explain`)."""
         t_start = time.perf_counter()
         batch = self._next_batch()
         t_sent = time.perf_counter()
@@ -409,7 +418,9 @@ class Backend(abc.ABC):
         lr = self._step(plan)
         t_step = time.perf_counter()
         self.loop.advance(n, plan.progress, loss)
-        return self._record(n, lr, loss, total, t_start, t_sent, t_back, t_agg, t_step)
+        record = self._record(n, lr, loss, total, t_start, t_sent, t_back, t_agg, t_step)
+        self.damper.observe(record)
+        return {**record.row(), **self.damper.explain()}
 
     def _diverged(self, loss: float, batch_size: int) -> ConvergenceError:
         return ConvergenceError(
@@ -422,8 +433,8 @@ class Backend(abc.ABC):
         """The weights after the update's step, where the client holds them (``weights_digest``)."""
         return None
 
-    def _record(self, n, lr, loss, total: Totals, t_start, t_sent, t_back, t_agg, t_step) -> dict:
-        """The update's row of ``history_`` from its clock readings."""
+    def _record(self, n, lr, loss, total: Totals, t_start, t_sent, t_back, t_agg, t_step) -> UpdateRecord:
+        """The update's record from its clock readings."""
         round_trip = t_back - t_sent
         digests = {}
         if dask.config.get("adadamp.debug.digests", False):  # what the update used, and where it stepped to
@@ -447,7 +458,7 @@ class Backend(abc.ABC):
             sent_bytes=self.transport.round_bytes[0],
             received_bytes=self.transport.round_bytes[1],
             **digests,
-        ).row()
+        )
 
     # ------------------------------------------------------------------ epochs
     def run_epoch(self, updates: list[dict] | None = None, on_update: Callable[[list[dict]], None] | None = None) -> dict:
