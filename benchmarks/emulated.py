@@ -33,12 +33,15 @@ PER_EXAMPLE_S = 0.1e-3
 
 def _worker_keys() -> tuple[str, ...]:
     """This process's names in a speeds file: the Dask worker's name and address, if in one."""
-    try:
-        from distributed import get_worker
+    from distributed import Worker, get_worker
 
+    try:
         w = get_worker()
-    except ValueError:  # not in a worker (plain PyTorch peers)
-        return ("client",)
+    except ValueError:  # not in a task: adadamp's channel thread, or not in a worker (plain PyTorch peers)
+        workers = list(Worker._instances)  # the worker of this process, if it is one
+        if len(workers) != 1:
+            return ("client",)
+        w = workers[0]
     return (str(w.name), w.address)
 
 

@@ -138,14 +138,19 @@ class Transport:
                     "step": None if r.step is None else to_serialize(r.step), "in_reply": r.in_reply,
                     "buffers": None if buffers is None else to_serialize(buffers),
                     "plan": None if r.plan is None else to_serialize(r.plan),
+                    "parts": None if r.parts is None else to_serialize(r.parts),
                 }
                 kwargs["weights"] = None if payload is None else to_serialize(payload)
-                rpc_sent += sum(a.nbytes for a in (r.indices, r.ahead, r.step, r.plan, payload, buffers) if a is not None)
+                rpc_sent += sum(
+                    a.nbytes for a in (r.indices, r.ahead, r.step, r.plan, r.parts, payload, buffers) if a is not None
+                )
                 rpc_calls.append((r.worker, "adadamp_gradient", kwargs))
                 rpc_slots.append(i)
                 continue
             try:
-                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step, r.in_reply, buffers, r.plan)
+                channel.send(
+                    r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step, r.in_reply, buffers, r.plan, r.parts
+                )
                 sent.add(i)
             except OSError as err:
                 replies[i] = err

@@ -327,10 +327,11 @@ class AllReduce(Backend):
             counts = dict.fromkeys(range(placement.n_shards), 0)
             counts.update({g: len(sub) for g, sub in placement.shards(batch.idx)})
             step = self._step_vector(lp.n_updates)
-            requests = []
+            requests, examples = [], {}
             for k, w in enumerate(self.workers):
                 shards = [(g, dropout_seed(lp.seed, lp.n_updates, g), counts[g])
                           for g in np.flatnonzero(placement.holder == k).tolist()]
+                examples[w] = sum(count for _, _, count in shards)
                 plan = BatchPlan(
                     lp.seed, batch.start, batch.start + len(batch.idx), placement.n_shards, placement.n_blocks,
                     placement.block_size or 0, batch.size if batch.ahead is not None else 0, PREFETCH_BATCHES,
@@ -338,7 +339,9 @@ class AllReduce(Backend):
                 )
                 requests.append(ShareRequest(w, 0, _NO_INDICES, batch.epoch, step=step, plan=plan.to_array()))
             totals, replied = Totals(), []
-            replies, totals.send = self.transport.round(requests, batch.n_chunks, None, on_reply=_collect(totals, replied))
+            replies, totals.send = self.transport.round(
+                requests, batch.n_chunks, None, on_reply=_collect(totals, replied, examples)
+            )
             dead, failed = triage(self.members, [q.worker for q in requests], replies, collectives=True)
             if not dead and not failed:
                 r = replied[0]  # every member holds the same all-reduced totals
@@ -411,11 +414,12 @@ class AllReduce(Backend):
         self.sync()
 
 
-def _collect(totals: Totals, replied: list):
-    """A round's ``on_reply``: keep the replies and the slowest member's compute time."""
+def _collect(totals: Totals, replied: list, examples: dict[str, int]):
+    """A round's ``on_reply``: keep the replies, and each member's examples (``examples``) and
+    compute time (the slowest member's is the update's)."""
 
-    def add(_request, reply) -> None:
-        totals.compute = max(totals.compute, reply.compute_time)
+    def add(request, reply) -> None:
+        totals.measured(request.worker, examples[request.worker], reply.compute_time)
         totals.digest = (totals.digest + reply.digest) % 2**64
         replied.append(reply)
 
