@@ -133,8 +133,8 @@ class BaseDaskEstimator(BaseEstimator):
         The most seconds one worker may take for one gradient (or its
         set-up) before it is treated as lost (its share is recomputed on the
         others); a worker still listed after that is left out of the fit as
-        hung.  A worker that has not answered when the others have, after
-        ten times their time (at least 3 s), is treated as lost sooner
+        hung.  A worker that has not answered when the others have is
+        treated as lost sooner: after ten times their time, at least 5 s
         (user guide, "Heterogeneous clusters").
     shares : {"equal", "speed"}, default="equal"
         How each update's batch is shared among the workers.  ``"equal"``:
@@ -201,7 +201,9 @@ class BaseDaskEstimator(BaseEstimator):
         n_updates, n_samples_seen, dur`` and the per-update rows under
         ``"updates"`` (batch size, lr, workers, loss and a time breakdown:
         ``compute_time, comm_time, send_time, aggregate_time, step_time,
-        update_time``; see the callbacks guide).
+        update_time``; see the callbacks guide; ``shares``: the examples
+        each worker computed, ``stragglers``: the ranks of workers under
+        half the median speed, ``lost``: workers the update lost).
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when X has string column names (pandas).

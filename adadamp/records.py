@@ -217,8 +217,10 @@ class UpdateRecord:
     the examples the workers' gradients were computed over, and ``weights_digest`` a hash of the
     weights after the step (both integers): two fits trained the same update alike exactly when
     both match.  ``shares`` are the examples each worker computed (in rank order; with
-    ``shares="speed"`` they follow the workers' measured speeds) and ``stragglers`` the ranks of
-    the workers slower than half the median worker (:mod:`adadamp.engine.speeds`).
+    ``shares="speed"`` they follow the workers' measured speeds), ``stragglers`` the ranks of
+    the workers slower than half the median worker (:mod:`adadamp.engine.speeds`) and ``lost`` the
+    workers the update lost (dead, or not answering in ten times the others' time) and
+    recomputed the shares of.
     """
 
     batch_size: int
@@ -237,6 +239,7 @@ class UpdateRecord:
     weights_digest: int | None = None
     shares: list[int] | None = None
     stragglers: list[int] | None = None
+    lost: int | None = None
 
     def row(self) -> dict:
         """The record as a row of ``history_[i]["updates"]`` (a shallow dict: every field is a

@@ -7,6 +7,9 @@ the others' speed here).  A sleep does not use the CPU, so the speeds hold on th
 
 import json
 import logging
+import os
+import signal
+import time
 
 import dask
 import numpy as np
@@ -15,10 +18,11 @@ import torch
 from distributed import Client, LocalCluster
 
 from adadamp import DaskRegressor
+from adadamp.callbacks import Callback
 from adadamp.dampers.clock import LoopState, Sampler
 from adadamp.data.placement import makespan, plan_moves, shard_quotas
 from adadamp.engine.aggregation import GradientSum
-from adadamp.engine.speeds import REBALANCE_EVERY, Speeds
+from adadamp.engine.speeds import PROBE_GROWTH, REBALANCE_EVERY, Speeds, lost_after
 from adadamp.modules import MLP
 from adadamp.records import GradientReply, examples_digest
 from adadamp.wire.parameters import examples_independent, flatten_parameters, float_buffers
@@ -62,6 +66,15 @@ def test_speeds_smooth_name_stragglers_and_say_when_to_move():
     assert not s.rebalance(["a", "b", "c"], [21, 21, 6], update=2 * REBALANCE_EVERY)  # as good as it gets
     s.observe("c", 300, 1.0)
     assert 100 < s.rate["c"] < 300  # smoothed
+    before = s.rate["c"]
+    s.observe_update(["a", "b", "c"], {"a": [300, 1.0], "b": [300, 1.0]})  # c got no shard: probed later
+    assert s.rate["c"] == before * PROBE_GROWTH and s.rate["a"] == 300.0
+
+
+def test_a_worker_is_lost_after_ten_times_the_others_time_with_a_floor():
+    assert lost_after(0.01) == 5.0 and lost_after(2.0) == 20.0
+    with dask.config.set({"adadamp.stragglers.min-seconds": 1.0, "adadamp.stragglers.factor": 4}):
+        assert lost_after(0.01) == 1.0 and lost_after(2.0) == 8.0
 
 
 def test_a_reply_of_several_shards_and_its_recomputation_keep_shard_order():
@@ -142,10 +155,11 @@ def data():
 
 
 def _fit(client, speeds, X, y, **params):
+    params = {"max_epochs": 3, **params}
     est = DaskRegressor(
         module=Emulated, module__inner=MLP, module__speeds=speeds, module__fixed=1e-3, module__per_example=0.4e-3,
         module__n_features=FEATURES, module__n_outputs=1, module__hidden=(32,),
-        optimizer=torch.optim.SGD, optimizer__lr=0.01, optimizer__momentum=0.9, batch_size=BATCH, max_epochs=3,
+        optimizer=torch.optim.SGD, optimizer__lr=0.01, optimizer__momentum=0.9, batch_size=BATCH,
         random_state=0, scale_cluster=False, client=client, **params,
     )
     with dask.config.set({"adadamp.debug.digests": True}):
@@ -184,3 +198,41 @@ def test_speed_shares_follow_the_speeds_use_every_example_once_and_train_the_sam
     assert fast_time < 0.8 * equal_time, (fast_time, equal_time)
     # the same sums in another order: the same weights up to float summation order
     np.testing.assert_allclose(_weights(fast), _weights(equal), rtol=1e-4, atol=1e-5)
+
+
+class Freeze(Callback):
+    """SIGSTOPs a worker process after update ``after`` (a hung node: alive, listed, silent)."""
+
+    def __init__(self, pid=None, after=5):
+        self.pid = pid
+        self.after = after
+
+    def on_update_end(self, estimator, record=None, **info):
+        self.updates_ = getattr(self, "updates_", 0) + 1
+        if self.updates_ == self.after:
+            os.kill(self.pid, signal.SIGSTOP)
+
+
+@pytest.mark.parametrize("backend", ["parameter-server", "allreduce"])
+def test_a_worker_that_stops_answering_is_lost_after_the_others_bound_not_update_timeout(backend, slow_worker, data):
+    """A worker SIGSTOPped mid-fit is given up ten times the others' time after the update
+    started (here with a floor of 1 s), not after ``update_timeout`` (120 s): its shards are
+    recomputed on the others, every example still used once."""
+    client, speeds, slow = slow_worker
+    X, y = data
+    pids = client.run(os.getpid)
+    frozen = pids[next(a for a in sorted(pids) if a != slow)]
+    start = time.monotonic()
+    try:
+        with dask.config.set({"adadamp.stragglers.min-seconds": 1.0}):
+            est = _fit(client, speeds, X, y, backend=backend, max_epochs=2,
+                       callbacks=[("freeze", Freeze(pid=frozen))])
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    took = time.monotonic() - start
+    updates = _updates(est)
+    assert [u["lost"] for u in updates].count(1) == 1 and sum(u["lost"] for u in updates) == 1
+    assert updates[0]["n_workers"] == 3 and updates[-1]["n_workers"] == 2
+    sampler = Sampler(LoopState(seed=est.loop_.seed, n_data=N))
+    assert [u["examples_digest"] for u in updates] == [examples_digest(sampler.take(BATCH)) for _ in updates]
+    assert took < 30, took  # 120 s (update_timeout) before

@@ -28,10 +28,11 @@ from ..data.placement import makespan, shard_quotas
 #: followed within a few updates (0.7**6 < 0.12), and one noisy update moves it by a third.
 SMOOTHING = 0.35
 #: Shards are placed again when the best quotas would shorten the update (the slowest worker's
-#: predicted time) by this fraction: about one shard of a fast worker's twenty.  Below it the noise
-#: of the timings moves blocks back and forth for nothing (on 2 cores single updates vary by
-#: 5-10 %; at 4 % a fit moved a shard back and forth every ten updates).
-REBALANCE_GAIN = 0.05
+#: predicted time) by this fraction.  Below it the noise of the timings moves blocks back and forth
+#: for nothing: on 2 cores shared with other jobs single updates vary by 10-20 %, the smoothed
+#: speeds by about 5 %, and at 5 % four workers of equal speed traded a shard every 5-10 updates.
+#: A real change of speed (a worker at half or a quarter speed) predicts gains of 30-200 %.
+REBALANCE_GAIN = 0.1
 #: Updates at least between two placements that follow the speeds (each moves blocks).
 REBALANCE_EVERY = 4
 #: A worker slower than this fraction of the median worker is a straggler (module docstring).
@@ -43,23 +44,30 @@ STRAGGLER_RATIO = 0.5
 #: nothing there; others run one pass per shard and get :data:`COUPLED_SHARDS_PER_WORKER`.
 SHARDS_PER_WORKER = 16
 COUPLED_SHARDS_PER_WORKER = 4
+#: A worker given no shard is no longer measured: its estimate grows by this factor per update
+#: until it gets a shard again and is measured (a straggler that recovered comes back; one still
+#: slow costs one small share every few dozen updates: 1.02**35 = 2).
+PROBE_GROWTH = 1.02
 
 
 def lost_after(others: float) -> float:
     """Seconds after a round's start at which a worker that has not answered is treated as lost,
     when the others took ``others`` seconds: ``max(adadamp.stragglers.min-seconds, others *
-    adadamp.stragglers.factor)`` (dask config; 3 s and 10 by default).
+    adadamp.stragglers.factor)`` (dask config; 5 s and 10 by default).
 
     Ten times the others' time lets a worker that slowed to a quarter (or a tenth) of its speed
     mid-update finish that update (its next share is made smaller); the floor keeps a short update
-    from giving up on a worker that a garbage collection or the operating system held for a moment.
-    ``update_timeout`` stays the upper bound.
+    from giving up on a worker that a garbage collection, swapping or a busy machine held for a
+    moment (on this 2-core machine, with four workers and a test suite beside them, single
+    updates of 20 ms took up to 1.5 s).  ``update_timeout`` stays the upper bound, and a worker
+    on its first update of the fit (a first pass may compile kernels or warm a device up) is
+    only held to that.
 
     >>> lost_after(0.02), lost_after(1.5)
-    (3.0, 15.0)
+    (5.0, 15.0)
     """
     factor = float(dask.config.get("adadamp.stragglers.factor", 10.0))
-    floor = float(dask.config.get("adadamp.stragglers.min-seconds", 3.0))
+    floor = float(dask.config.get("adadamp.stragglers.min-seconds", 5.0))
     return max(floor, factor * others)
 
 
@@ -85,6 +93,16 @@ class Speeds:
         rate = n / seconds
         old = self.rate.get(worker)
         self.rate[worker] = rate if old is None else (1 - SMOOTHING) * old + SMOOTHING * rate
+
+    def observe_update(self, workers: list[str], per_worker: dict[str, list]) -> None:
+        """One update's measurements (``per_worker``: examples and seconds of each worker that
+        computed any); the workers of ``workers`` that computed nothing grow by :data:`PROBE_GROWTH`."""
+        for w in workers:
+            n, seconds = per_worker.get(w, (0, 0.0))
+            if n > 0:
+                self.observe(w, n, seconds)
+            elif w in self.rate:
+                self.rate[w] *= PROBE_GROWTH
 
     def forget(self, worker: str) -> None:
         self.rate.pop(worker, None)

@@ -310,6 +310,11 @@ class Backend(abc.ABC):
         logger.info("workers: %d, shards: %d, blocks per worker: %s", len(new_workers), n_shards, sizes)
         return failed
 
+    def _patient(self) -> set[str]:
+        """The workers that have not answered an update of this fit yet: only ``update_timeout``
+        gives up on them (:meth:`Transport.round`)."""
+        return {w for w in self.workers if w not in self.speeds.rate}
+
     def _follow_speeds(self) -> None:
         """With speed-based shares, place the shards again when the measured speeds say other
         quotas would shorten the update (:meth:`Speeds.rebalance`); between updates only."""
@@ -421,12 +426,12 @@ class Backend(abc.ABC):
     def update(self) -> dict:
         """One model update; returns its record for the history."""
         t_start = time.perf_counter()
+        self.members.lost_in_rounds.clear()
         batch = self._next_batch()
         t_sent = time.perf_counter()
         total = self._gradient_round(batch)
         t_back = time.perf_counter()
-        for worker, (examples, seconds) in total.per_worker.items():
-            self.speeds.observe(worker, examples, seconds)
+        self.speeds.observe_update(self.workers, total.per_worker)
         n = total.n
         loss = total.loss_sum / total.weight  # weight = n unless the criterion's mean is class-weighted
         if not self._finite(loss, total):
@@ -484,6 +489,7 @@ class Backend(abc.ABC):
             received_bytes=self.transport.round_bytes[1],
             shares=[int(total.per_worker.get(w, (0,))[0]) for w in self.workers],
             stragglers=self.speeds.stragglers(self.workers),
+            lost=len(set(self.members.lost_in_rounds)),
             **digests,
         ).row()
 

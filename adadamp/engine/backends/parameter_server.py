@@ -109,7 +109,7 @@ class ParameterServer(Backend):
             several = {h for h, count in Counter(holders).items() if count > 1}  # their gradients come in replies
             requests = [self._request(h, unit, epoch, ahead, ahead_shard, h in several) for h, unit in zip(holders, units)]
             replies, send_time = self.transport.round(
-                requests, n_chunks, self.flat_np, on_reply=add, buffers=buffers
+                requests, n_chunks, self.flat_np, on_reply=add, buffers=buffers, patient=self._patient()
             )
             summed.totals.send += send_time
             lost, _ = triage(self.members, [q.worker for q in requests], replies)
