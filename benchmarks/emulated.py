@@ -14,7 +14,8 @@ runs in minutes here: ``fixed = 0.5 ms``, ``per_example = 0.1 ms``.
 
 Worker speeds: ``speeds`` names a JSON file mapping a worker's name (or address) to a speed factor
 (1.0 = nominal, 0.5 = half speed); it is re-read when it changes, so a benchmark slows a worker
-mid-fit by rewriting the file.  Workers it does not name run at speed 1.
+mid-fit by rewriting the file.  Workers it does not name run at speed 1.  A process that is not a
+Dask worker (a PyTorch DDP rank) is named by its ``ADADAMP_EMULATED_NAME`` environment variable.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def _worker_keys() -> tuple[str, ...]:
         w = get_worker()
     except ValueError:  # not in a task: adadamp's channel thread, or not in a worker (plain PyTorch peers)
         workers = list(Worker._instances)  # the worker of this process, if it is one
-        if len(workers) != 1:
-            return ("client",)
+        if len(workers) != 1:  # a process of another system (a DDP rank) may name itself
+            return (os.environ.get("ADADAMP_EMULATED_NAME", "client"),)
         w = workers[0]
     return (str(w.name), w.address)
 
