@@ -61,6 +61,9 @@ class ClusterPolicy:
         Other fits may train on the cluster (the embedded one): the fit uses
         only the workers it wants, as many as on a cluster of its own, and
         grows the cluster but never shrinks it (it uses fewer workers instead).
+    shares : {"equal", "speed"}
+        How an update's batch is shared among the workers: equally, or in
+        proportion to each worker's measured speed (:mod:`adadamp.engine.speeds`).
     """
 
     grads_per_worker: int = 128
@@ -72,6 +75,7 @@ class ClusterPolicy:
     worker_timeout: float = 60.0
     update_timeout: float = 120.0
     shared: bool = False
+    shares: str = "equal"
 
     @classmethod
     def of(cls, params: dict, embedded: bool) -> ClusterPolicy:
@@ -86,6 +90,7 @@ class ClusterPolicy:
             scale_wait=float(params["scale_wait"]),
             worker_timeout=float(params["worker_timeout"]),
             update_timeout=float(params["update_timeout"]),
+            shares=params.get("shares", "equal"),
         )
 
     def wanted(self, batch_size: int, preferred: int | None = None) -> int:

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 #: The event topic that lists the fits; each fit publishes its records under ``TOPIC + "/" + id``.
 TOPIC = "adadamp"
 UPDATE_FIELDS = ("batch_size", "lr", "n_workers", "loss", "compute_time", "comm_time", "step_time", "update_time",
+                 "share_min", "share_max", "stragglers", "lost",
                  "noise_scale", "efficiency", "predicted_throughput")  # the last three: Goodput's reasons
 MAX_POINTS = 2000  # per series sent to the page (longer fits are thinned evenly)
 #: What a fit id looks like (``Publisher`` draws 12 hex digits); the page refuses anything else.
@@ -73,6 +74,7 @@ class Publisher:
             logger.info("not publishing training progress to the dashboard (%r)", err)
 
     def update(self, n_update: int, record: dict) -> None:
+        record = {**record, **_shares(record)}
         row = {k: _number(record[k]) for k in UPDATE_FIELDS if k in record}
         row.update(update=n_update, time=time.time() - self.start)
         self._pending.append(row)
@@ -97,6 +99,18 @@ class Publisher:
     def end(self, error: str | None = None) -> None:
         self.flush()
         self._send(self.topic, {"kind": "end", "error": error, "time": time.time() - self.start})
+
+
+def _shares(record: dict) -> dict:
+    """The page's numbers of an update's shares: the smallest and largest worker's examples (the
+    workers computing any) and the count of stragglers (issue 33)."""
+    out = {}
+    shares = [n for n in record.get("shares") or () if n]
+    if shares:
+        out.update(share_min=min(shares), share_max=max(shares))
+    if "stragglers" in record:
+        out["stragglers"] = len(record["stragglers"])
+    return out
 
 
 def _number(value):
@@ -304,7 +318,12 @@ def page_html(data_url: str, fit: str) -> str:
     lr = figure(title="learning rate", y_axis_type="log", **size)
     lr.step("update", "lr", source=updates, mode="after", color="green")
     workers = figure(title="workers", **size)
-    workers.step("update", "n_workers", source=updates, mode="after", color="purple")
+    workers.step("update", "n_workers", source=updates, mode="after", color="purple", legend_label="workers")
+    workers.step("update", "stragglers", source=updates, mode="after", color="red", legend_label="stragglers")
+    workers.scatter("update", "lost", source=updates, color="black", size=4, legend_label="lost")
+    shares = figure(title="examples per worker (smallest, largest share)", **size)
+    shares.line("update", "share_min", source=updates, color="red", legend_label="smallest")
+    shares.line("update", "share_max", source=updates, color="blue", legend_label="largest")
     times = figure(title="time per update (s)", y_axis_type="log", **size)
     for field, color in (("update_time", "black"), ("compute_time", "orange"), ("comm_time", "blue"),
                          ("step_time", "green")):
@@ -313,10 +332,10 @@ def page_html(data_url: str, fit: str) -> str:
     noise.line("update", "noise_scale", source=updates, color="red")
     efficiency = figure(title="statistical efficiency of the batch (Goodput)", **size)
     efficiency.line("update", "efficiency", source=updates, color="gray")
-    for fig in (loss, times):
+    for fig in (loss, times, workers, shares):
         fig.legend.location = "top_right"
         fig.legend.click_policy = "hide"
-    script, div = components(gridplot([[loss, times], [batch, lr], [workers, noise], [efficiency, None]]))
+    script, div = components(gridplot([[loss, times], [batch, lr], [workers, shares], [noise, efficiency]]))
     resources = Resources(mode="inline", components=["bokeh"])  # Bokeh's JavaScript in the page (1.3 MB)
     return _PAGE.format(resources=resources.render(), script=script, div=div, data_url=_script_json(data_url),
                         fit=_script_json(fit))

@@ -52,6 +52,7 @@ _PARAMETER_HINTS = {
     "backend": "Use 'allreduce' for large models on many workers, 'parameter-server' (the default) otherwise.",
     "checkpoint_every": "It counts model updates.",
     "dataset_threads": "It counts threads per worker.",
+    "shares": "Use 'speed' on a cluster whose workers differ in speed, 'equal' (the default) for bitwise reproducibility.",
 }
 
 class BaseDaskEstimator(BaseEstimator):
@@ -127,9 +128,25 @@ class BaseDaskEstimator(BaseEstimator):
     worker_timeout : float, default=60
         Seconds to wait for a worker when none is left.
     update_timeout : float, default=120
-        Seconds one worker may take for one gradient (or its set-up) before
-        it is treated as lost (its share is recomputed on the others); a
-        worker still listed after that is left out of the fit as hung.
+        The most seconds one worker may take for one gradient (or its
+        set-up) before it is treated as lost (its share is recomputed on the
+        others); a worker still listed after that is left out of the fit as
+        hung.  A worker that has not answered when the others have is
+        treated as lost sooner: after ten times their time, at least 5 s
+        (user guide, "Heterogeneous clusters").
+    shares : {"equal", "speed"}, default="equal"
+        How each update's batch is shared among the workers.  ``"equal"``:
+        equal shares; the same seed and workers give bitwise the same
+        weights, and an update waits for the slowest worker.  ``"speed"``:
+        each worker's share follows its measured throughput (examples per
+        second, smoothed over updates), so that all finish together; its
+        data blocks follow its share.  Every example of an update is still
+        used exactly once and the gradient is the same sum, so the weights
+        equal those of equal shares up to float summation order, but they
+        are no longer bitwise reproducible (who computes what follows the
+        timings), and a module with BatchNorm or dropout normalizes and
+        draws masks per smaller shard (user guide, "Heterogeneous
+        clusters").
     checkpoint : str or path-like, default=None
         File for the training state (weights, optimizer, damper, epoch clock,
         sampler position, history), written atomically after every epoch
@@ -182,7 +199,9 @@ class BaseDaskEstimator(BaseEstimator):
         n_updates, n_samples_seen, dur`` and the per-update rows under
         ``"updates"`` (batch size, lr, workers, loss and a time breakdown:
         ``compute_time, comm_time, send_time, aggregate_time, step_time,
-        update_time``; see the callbacks guide).
+        update_time``; see the callbacks guide; ``shares``: the examples
+        each worker computed, ``stragglers``: the ranks of workers under
+        half the median speed, ``lost``: workers the update lost).
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when X has string column names (pandas).
@@ -219,6 +238,7 @@ class BaseDaskEstimator(BaseEstimator):
         "scale_wait": (constraints.Seconds(strict=False),),
         "worker_timeout": (constraints.Seconds(),),
         "update_timeout": (constraints.Seconds(),),
+        "shares": (constraints.OneOf(lambda: ("equal", "speed")),),
         "checkpoint_every": (None, constraints.Integer(1)),
         "validation_fraction": (None, constraints.Unit()),
         "dataset_threads": (constraints.Integer(1),),
@@ -254,6 +274,7 @@ class BaseDaskEstimator(BaseEstimator):
         scale_wait: float = 30.0,
         worker_timeout: float = 60.0,
         update_timeout: float = 120.0,
+        shares: str = "equal",
         checkpoint=None,
         checkpoint_every: int | None = None,
         validation_fraction: float | None = None,
@@ -280,6 +301,7 @@ class BaseDaskEstimator(BaseEstimator):
         self.scale_wait = scale_wait
         self.worker_timeout = worker_timeout
         self.update_timeout = update_timeout
+        self.shares = shares
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
         self.validation_fraction = validation_fraction

@@ -68,7 +68,9 @@ class ShareRequest:
     (:mod:`adadamp.data.placement`); ``in_reply`` asks a worker that maps shared memory to send
     the gradient in its reply all the same (it computes more than one shard of the update).
     ``plan`` (all-reduce fits): the member's :class:`~adadamp.wire.batches.BatchPlan` as a vector;
-    the member finds its examples from it, and ``indices`` and ``ahead`` are empty.
+    the member finds its examples from it, and ``indices`` and ``ahead`` are empty.  ``parts``
+    (speed-based shares, several shards in one request): int64 rows ``(dropout seed, example
+    count)``, one per shard, in the order of ``indices``; None: one shard, seeded by ``seed``.
     """
 
     worker: str
@@ -80,6 +82,7 @@ class ShareRequest:
     shard: int = 0
     in_reply: bool = False
     plan: np.ndarray | None = None  # int64: BatchPlan.to_array()
+    parts: np.ndarray | None = None  # int64 (k, 2): each shard's dropout seed and example count
 
 
 def to_message(record) -> dict:
@@ -118,6 +121,7 @@ class SetupRequest:
     shared: dict | None = field(default=None, repr=False)  # SharedBuffers.offer: files to map, their token (a secret)
     dataset: bytes | None = field(default=None, repr=False)  # a lazy torch Dataset and how to load it (pickled)
     replica: ReplicaSettings | None = None  # all-reduce fits: the payload holds the optimizer too
+    fuse: bool = False  # a request's several shards may be one forward pass (speed-based shares)
 
     def __post_init__(self):
         if isinstance(self.replica, dict):  # as it crossed the RPC
@@ -212,7 +216,11 @@ class UpdateRecord:
     With dask config ``adadamp.debug.digests``, ``examples_digest`` is :func:`examples_digest` of
     the examples the workers' gradients were computed over, and ``weights_digest`` a hash of the
     weights after the step (both integers): two fits trained the same update alike exactly when
-    both match.
+    both match.  ``shares`` are the examples each worker computed (in rank order; with
+    ``shares="speed"`` they follow the workers' measured speeds), ``stragglers`` the ranks of
+    the workers slower than half the median worker (:mod:`adadamp.engine.speeds`) and ``lost`` the
+    workers the update lost (dead, or not answering in ten times the others' time) and
+    recomputed the shares of.
     """
 
     batch_size: int
@@ -229,10 +237,14 @@ class UpdateRecord:
     received_bytes: int = 0
     examples_digest: int | None = None
     weights_digest: int | None = None
+    shares: list[int] | None = None
+    stragglers: list[int] | None = None
+    lost: int | None = None
 
     def row(self) -> dict:
         """The record as a row of ``history_[i]["updates"]`` (a shallow dict: every field is a
-        number; the digests only when they were taken)."""
+        number but ``shares`` and ``stragglers``, lists of integers; the digests only when they
+        were taken)."""
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 

@@ -14,7 +14,8 @@ runs in minutes here: ``fixed = 0.5 ms``, ``per_example = 0.1 ms``.
 
 Worker speeds: ``speeds`` names a JSON file mapping a worker's name (or address) to a speed factor
 (1.0 = nominal, 0.5 = half speed); it is re-read when it changes, so a benchmark slows a worker
-mid-fit by rewriting the file.  Workers it does not name run at speed 1.
+mid-fit by rewriting the file.  Workers it does not name run at speed 1.  A process that is not a
+Dask worker (a PyTorch DDP rank) is named by its ``ADADAMP_EMULATED_NAME`` environment variable.
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ PER_EXAMPLE_S = 0.1e-3
 
 def _worker_keys() -> tuple[str, ...]:
     """This process's names in a speeds file: the Dask worker's name and address, if in one."""
-    try:
-        from distributed import get_worker
+    from distributed import Worker, get_worker
 
+    try:
         w = get_worker()
-    except ValueError:  # not in a worker (plain PyTorch peers)
-        return ("client",)
+    except ValueError:  # not in a task: adadamp's channel thread, or not in a worker (plain PyTorch peers)
+        workers = list(Worker._instances)  # the worker of this process, if it is one
+        if len(workers) != 1:  # a process of another system (a DDP rank) may name itself
+            return (os.environ.get("ADADAMP_EMULATED_NAME", "client"),)
+        w = workers[0]
     return (str(w.name), w.address)
 
 

@@ -146,7 +146,7 @@ def test_sizes_are_checked_before_anything_is_allocated():
     server = ChannelServer("127.0.0.1", lambda *a: pytest.fail("computed a malformed request"), n_weights=5,
                            on_start=lambda: None, max_indices=100, on_close=closed.set)
     channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=5)
-    channel.sock.sendall(REQUEST.pack(10**12, 1, 0, 0, 0, 0, 0, 0, 0, 0))  # a trillion indices
+    channel.sock.sendall(REQUEST.pack(10**12, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0))  # a trillion indices
     with pytest.raises((EOFError, OSError)):
         channel.receive(time.monotonic() + 5)
     assert closed.wait(5)  # the worker dropped the channel (and with it, in a fit, the fit's state)
@@ -156,7 +156,7 @@ def test_sizes_are_checked_before_anything_is_allocated():
     server = ChannelServer("127.0.0.1", lambda *a: pytest.fail("computed a malformed request"), n_weights=5,
                            on_start=lambda: None, max_indices=100, on_close=closed.set, n_buffers=4)
     channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=5)
-    channel.sock.sendall(REQUEST.pack(1, 1, 0, 0, 0, 0, 0, 0, 10**12, 0))
+    channel.sock.sendall(REQUEST.pack(1, 1, 0, 0, 0, 0, 0, 0, 10**12, 0, 0))
     with pytest.raises((EOFError, OSError)):
         channel.receive(time.monotonic() + 5)
     assert closed.wait(5)

@@ -61,6 +61,8 @@ def test_the_page_data_is_the_fits_history(client, cluster, digits):
     assert updates["batch_size"] == [u["batch_size"] for u in records]
     assert updates["loss"] == [u["loss"] for u in records]
     assert updates["n_workers"] == [u["n_workers"] for u in records]
+    assert updates["share_max"] == [max(u["shares"]) for u in records]  # issue 33: the workers' shares
+    assert updates["stragglers"] == [len(u["stragglers"]) for u in records] and updates["lost"] == [0] * len(records)
     epochs = json.loads(_get(_page(cluster) + f"/data.json?fit={summary['fit']}&what=epochs"))
     assert epochs["train_loss"] == [row["train_loss"] for row in est.history_]
     assert epochs["n_updates"] == [row["n_updates"] for row in est.history_]

@@ -7,8 +7,9 @@ sums in shard order.  So an update's arithmetic depends on the number of shards,
 worker, or how many, computed them: a worker that dies hands its shards to the others and the
 trajectory does not change by a single bit (issue 27; ``elasticity`` in the docs).  Rank ``k`` is
 the ``k``-th worker of the fit; each worker holds ``n_shards // n_workers`` shards (the first ones
-one more).  When the workers change, :func:`plan_moves` moves as few shards as possible
-(docs/guide/elasticity.rst).  Pure; no Dask.
+one more), or, with speed-based shares, a number of shards that makes the workers finish together
+(:func:`shard_quotas`, issue 33).  When the workers or their quotas change, :func:`plan_moves`
+moves as few shards as possible (docs/guide/elasticity.rst).  Pure; no Dask.
 """
 
 from __future__ import annotations
@@ -20,16 +21,49 @@ import numpy as np
 
 from ..wire.batches import shard_of_blocks
 
-__all__ = ["Placement", "plan_moves", "shard_of_blocks"]
+__all__ = ["Placement", "makespan", "plan_moves", "shard_of_blocks", "shard_quotas"]
+
+
+def shard_quotas(n_shards: int, speeds: list[float]) -> list[int]:
+    """The shards each worker holds so that all finish together: whole shards, each given in turn to
+    the worker that would finish it first (``(held + 1) / speed`` least; the lower rank on a tie).
+
+    With equal shards this greedy order minimises the slowest worker's time (the makespan of
+    identical jobs on machines of speeds ``speeds``).  A worker too slow to finish even one shard
+    before the others finish theirs gets none (it is a straggler, :mod:`adadamp.engine.speeds`).
+
+    Examples
+    --------
+    >>> shard_quotas(16, [1.0, 1.0, 1.0, 0.5])  # a half-speed worker of four: 2 units of time each
+    [5, 5, 4, 2]
+    >>> shard_quotas(4, [1.0, 1.0, 1.0, 1.0]), shard_quotas(4, [1.0, 1.0, 1.0, 0.1])
+    ([1, 1, 1, 1], [2, 1, 1, 0])
+    """
+    speeds = [max(float(s), 1e-12) for s in speeds]
+    held = [0] * len(speeds)
+    for _ in range(n_shards):
+        k = min(range(len(speeds)), key=lambda i: ((held[i] + 1) / speeds[i], i))
+        held[k] += 1
+    return held
+
+
+def makespan(held: list[int], speeds: list[float]) -> float:
+    """The time the slowest worker takes for ``held`` shards at ``speeds`` (shards per unit of time).
+
+    >>> makespan([1, 1, 1, 1], [1.0, 1.0, 1.0, 0.5]), makespan([5, 5, 4, 2], [1.0, 1.0, 1.0, 0.5])
+    (2.0, 5.0)
+    """
+    return max((h / max(float(s), 1e-12) for h, s in zip(held, speeds) if h), default=0.0)
 
 
 def plan_moves(
-    old: list[str | None], workers: list[str], n_shards: int, preferred: list[str | None] | None = None
+    old: list[str | None], workers: list[str], n_shards: int, preferred: list[str | None] | None = None,
+    quota: list[int] | None = None,
 ) -> tuple[np.ndarray, list[str], dict[str, list[int]], dict[str, list[int]]]:
     """Shards of the blocks owned by ``old`` (one name per block; None: not placed yet), and their holders.
 
-    Each worker holds ``n_shards // len(workers)`` shards, the first ``n_shards % len(workers)``
-    one more (with more workers than shards, the last ones hold none).  A shard stays with the
+    Each worker holds ``quota[k]`` shards (None: ``n_shards // len(workers)``, the first
+    ``n_shards % len(workers)`` one more; with more workers than shards, the last ones hold none).  A shard stays with the
     worker that holds most of its blocks while that one is under quota, then goes to the worker
     where Dask holds most of its blocks (``preferred``), then to the first worker under quota.
 
@@ -50,7 +84,11 @@ def plan_moves(
     """
     n_blocks = len(old)
     shard_of = shard_of_blocks(n_blocks, n_shards)
-    quota = {w: n_shards // len(workers) + (k < n_shards % len(workers)) for k, w in enumerate(workers)}
+    if quota is None:
+        quota = [n_shards // len(workers) + (k < n_shards % len(workers)) for k in range(len(workers))]
+    if sum(quota) != n_shards or len(quota) != len(workers):
+        raise ValueError(f"quotas {quota} do not give {n_shards} shards to {len(workers)} workers")
+    quota = dict(zip(workers, quota))
     holder: list[str | None] = [None] * n_shards
     count = dict.fromkeys(workers, 0)
     for where in (old, preferred):

@@ -33,13 +33,24 @@ class Totals:
     buffers: np.ndarray | None = None  # running statistics weighted by examples (BatchNorm)
     digest: int = 0  # records.examples_digest of the examples summed
     grad_sq_norm: float | None = None  # of the mean gradient, where the workers computed it (all-reduce)
+    #: per worker: the examples it computed and its compute seconds (all its shards; the speeds' measurements)
+    per_worker: dict[str, list] = dataclasses.field(default_factory=dict)
+
+    def measured(self, worker: str, n: int, seconds: float) -> None:
+        """Count ``n`` examples computed in ``seconds`` by ``worker``; ``compute`` is the slowest's time."""
+        mine = self.per_worker.setdefault(worker, [0, 0.0])
+        mine[0] += int(n)
+        mine[1] += seconds
+        self.compute = max(self.compute, mine[1])
 
 
 class GradientSum:
     """Adds the shards' replies into ``grads`` (the client's flat gradient buffer) in shard order.
 
     :meth:`expect` names the update's shards; a reply that arrives before the shards ahead of it
-    (a lost shard recomputed in a later round) waits, copied, until they are in.
+    (a lost shard recomputed in a later round) waits, copied, until they are in.  A reply may hold
+    several shards (speed-based shares): it is named by its first shard, and :meth:`redo` names the
+    replies that replace a lost one.
     """
 
     def __init__(self, grads: np.ndarray, shared: SharedBuffers | None):
@@ -49,16 +60,21 @@ class GradientSum:
         self._order: list[int] = []
         self._added = 0
         self._waiting: dict[int, GradientReply] = {}
-        self._compute: dict[str, float] = {}
 
     def expect(self, shards: list[int]) -> None:
         """The shards of this update, in the order they are added."""
         self._order = list(shards)
 
+    def redo(self, lost: list[int], again: list[int]) -> None:
+        """The replies named ``lost`` will not come; those named ``again`` (recomputing their shards)
+        come instead, in shard order with the rest from the first lost one on (none of those was
+        added yet).  A shard recomputed alone keeps its place: the same order, the same sum."""
+        at = min(self._order.index(g) for g in lost)
+        self._order[at:] = sorted([g for g in self._order[at:] if g not in lost] + list(again))
+
     def add(self, shard: int, worker: str, r: GradientReply) -> None:
         """Add shard ``shard``'s reply from ``worker`` (its gradient may be in shared memory)."""
-        self._compute[worker] = self._compute.get(worker, 0.0) + r.compute_time
-        self.totals.compute = max(self._compute.values())
+        self.totals.measured(worker, r.n, r.compute_time)
         grad = self.shared.gradients[worker] if r.grad is None else r.grad
         if self._order[self._added] != shard:  # buffers are reused by the next reply: keep a copy
             self._waiting[shard] = dataclasses.replace(r, grad=np.array(grad))

@@ -59,6 +59,7 @@ class Membership:
         self._n_updates = n_updates
         self._prefer = prefer
         self.workers: list[str] = []
+        self.lost_in_rounds: list[str] = []  # workers an update's rounds lost (dead or not answering); the engine clears it
         self.set_up: set[str] = set()  # workers that may hold this fit's state (released at the end)
         self.requested: int | None = None
         self.limit: int | None = None  # a shared cluster: the most workers this fit uses (the rest serve others)

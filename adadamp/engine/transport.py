@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import selectors
 import time
 
 import dask
@@ -24,6 +25,7 @@ from ..records import ChannelOffer, GradientReply, ShareRequest
 from ..wire.channel import Channel, WorkerError, tcp_host
 from ..wire.lost import LOST
 from ..wire.shm import SharedBuffers
+from .speeds import lost_after
 
 logger = logging.getLogger(__name__)
 
@@ -110,23 +112,34 @@ class Transport:
     # ------------------------------------------------------------------ one round
     def round(
         self, requests: list[ShareRequest], n_chunks: int, weights: np.ndarray | None, on_reply,
-        buffers: np.ndarray | None = None,
+        buffers: np.ndarray | None = None, *, patient: set[str] | frozenset = frozenset(),
+        expected: float | None = None, on_late=None,
     ) -> tuple[list, float]:
-        """Send every worker its share, then collect the replies in request order.
+        """Send every worker its share, then collect the replies as they come in.
 
-        Returns the replies (:class:`GradientReply`, or the exception a worker's share ended
-        with) and the seconds spent writing the channel requests (with the weights, for
-        workers that do not map them).  Channel requests go out first, so the workers compute
+        Returns the replies in request order (:class:`GradientReply`, or the exception a worker's
+        share ended with) and the seconds spent writing the channel requests (with the weights,
+        for workers that do not map them).  Channel requests go out first, so the workers compute
         while any Dask RPCs (workers without a channel) run.  A worker may have several requests
-        (a channel serves them in order).  ``on_reply(request, reply)`` runs for each good reply,
-        in request order, as soon as that reply is in.  ``buffers``: the running statistics every
-        share starts from (float32; None: each worker keeps its own).
+        (a channel serves them in order).  ``on_reply(request, reply)`` runs for each good reply
+        as soon as it is in.  ``buffers``: the running statistics every share starts from
+        (float32; None: each worker keeps its own).
+
+        A channel worker that stops answering is given up (a ``TimeoutError`` reply) after
+        ``update_timeout``, or sooner when it answered earlier updates (it is not in ``patient``,
+        the workers still on their first update: a first pass may compile or warm a device up):
+        after :func:`~adadamp.engine.speeds.lost_after` the others' time -- once at least half of
+        the round's workers have answered, the latest of their answers; with ``expected`` (the
+        all-reduce backend, whose members answer together) that many seconds.  ``on_late(workers)``
+        runs once when that bound passes with workers still to answer; they then have
+        :func:`lost_after` ``(0)`` more seconds (the all-reduce backend aborts the generation, so
+        the members waiting in a collective for a hung peer answer at once).
         """
         replies: list = [None] * len(requests)
         before = self._bytes()
         rpc_sent = rpc_received = 0
         start = time.perf_counter()
-        deadline = time.monotonic() + self.timeout
+        t0 = time.monotonic()
         sent, rpc_calls, rpc_slots = set(), [], []
         for i, r in enumerate(requests):
             payload = None if weights is None or self.maps_weights(r.worker) else weights
@@ -138,14 +151,19 @@ class Transport:
                     "step": None if r.step is None else to_serialize(r.step), "in_reply": r.in_reply,
                     "buffers": None if buffers is None else to_serialize(buffers),
                     "plan": None if r.plan is None else to_serialize(r.plan),
+                    "parts": None if r.parts is None else to_serialize(r.parts),
                 }
                 kwargs["weights"] = None if payload is None else to_serialize(payload)
-                rpc_sent += sum(a.nbytes for a in (r.indices, r.ahead, r.step, r.plan, payload, buffers) if a is not None)
+                rpc_sent += sum(
+                    a.nbytes for a in (r.indices, r.ahead, r.step, r.plan, r.parts, payload, buffers) if a is not None
+                )
                 rpc_calls.append((r.worker, "adadamp_gradient", kwargs))
                 rpc_slots.append(i)
                 continue
             try:
-                channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step, r.in_reply, buffers, r.plan)
+                channel.send(
+                    r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step, r.in_reply, buffers, r.plan, r.parts
+                )
                 sent.add(i)
             except OSError as err:
                 replies[i] = err
@@ -154,17 +172,63 @@ class Transport:
             replies[i] = GradientReply(**r) if isinstance(r, dict) else r
             if isinstance(r, dict):
                 rpc_received += sum(np.asarray(r[k]).nbytes for k in ("grad", "buffers") if r[k] is not None)
-        for i, r in enumerate(requests):
-            if i in sent:
-                try:
-                    replies[i] = self.channels[r.worker].receive(deadline)
-                except (WorkerError, CollectiveError, *LOST) as err:
-                    replies[i] = err
-            if isinstance(replies[i], GradientReply):
-                on_reply(r, replies[i])
+                on_reply(requests[i], replies[i])
+        self._receive(requests, replies, sent, on_reply, t0, patient, expected, on_late)
         after = self._bytes()
         self.round_bytes = (rpc_sent + after[0] - before[0], rpc_received + after[1] - before[1])
         return replies, send_time
+
+    def _receive(self, requests, replies, sent, on_reply, t0: float, patient, expected, on_late) -> None:
+        """The channel replies of a round (:meth:`round`), as they come in, until each is in or its
+        worker is given up."""
+        hard = t0 + self.timeout
+        queues: dict[str, list[int]] = {}
+        for i in sorted(sent):
+            queues.setdefault(requests[i].worker, []).append(i)
+        n_workers = len({r.worker for r in requests})
+        answered, last = n_workers - len(queues), time.monotonic() - t0  # RPC workers are in by now
+        late, grace = False, hard
+        with selectors.DefaultSelector() as selector:
+            for w in queues:
+                selector.register(self.channels[w].sock, selectors.EVENT_READ, w)
+            while queues:
+                if late:
+                    bound = grace
+                elif expected is not None:
+                    bound = t0 + lost_after(expected)
+                elif answered and 2 * answered >= n_workers:
+                    bound = t0 + lost_after(last)
+                else:
+                    bound = hard
+                give_up = {w: min(hard, bound) if w not in patient else hard for w in queues}
+                events = selector.select(max(0.0, min(give_up.values()) - time.monotonic()))
+                now = time.monotonic()
+                if not events:
+                    overdue = [w for w, t in give_up.items() if t <= now]
+                    if overdue and on_late is not None and not late and bound < hard:
+                        late, grace = True, min(hard, now + lost_after(0.0))
+                        on_late(overdue)
+                        continue
+                    for w in overdue:
+                        for i in queues.pop(w):
+                            replies[i] = TimeoutError(
+                                f"{w} did not answer within {now - t0:.1f} s (the others in {last:.2f} s)"
+                            )
+                        selector.unregister(self.channels[w].sock)
+                    continue
+                for key, _ in events:
+                    w = key.data
+                    i = queues[w].pop(0)
+                    try:
+                        replies[i] = self.channels[w].receive(hard)
+                    except (WorkerError, CollectiveError, *LOST) as err:
+                        replies[i] = err
+                    if isinstance(replies[i], GradientReply):
+                        on_reply(requests[i], replies[i])
+                    if not queues[w]:
+                        del queues[w]
+                        selector.unregister(key.fileobj)
+                        answered, last = answered + 1, time.monotonic() - t0
 
     def _bytes(self) -> tuple[int, int]:
         return sum(c.sent for c in self.channels.values()), sum(c.received for c in self.channels.values())

@@ -52,8 +52,9 @@ from ..records import GradientReply
 # number of float64 "step" values (an all-reduce fit's update number and pending step, else 0),
 # 1 to have the gradient in the reply even where it would go to shared memory (else 0), number of
 # float32 running statistics (BatchNorm buffers) the share starts from (0: keep the worker's),
-# number of int64 "plan" values (an all-reduce request: its batches.BatchPlan as a vector).
-REQUEST = struct.Struct("<qqqqqqqqqq")
+# number of int64 "plan" values (an all-reduce request: its batches.BatchPlan as a vector), number
+# of int64 "parts" values (a request of several shards: (dropout seed, example count) per shard).
+REQUEST = struct.Struct("<qqqqqqqqqqq")
 # Reply: status (0 ok, 1 error), n, n_chunks, gradient floats, buffer floats, error bytes,
 # loss sum, chunk squared-norm sum, compute seconds, the loss's normalizer (weighted count),
 # the squared norm of the all-reduced mean gradient (NaN: not computed; the parameter server's),
@@ -61,6 +62,7 @@ REQUEST = struct.Struct("<qqqqqqqqqq")
 REPLY = struct.Struct("<qqqqqqdddddQ")
 MAX_STEP = 4096  # step values an all-reduce request may carry (two per optimizer param group)
 MAX_PLAN = 8 + 3 * 65536  # plan values a request may carry (8, then three per shard)
+MAX_PARTS = 2 * 65536  # parts values a request may carry (two per shard)
 TOKEN_BYTES = 32  # the per-fit key
 NONCE_BYTES = 16
 MAC = hashlib.sha256
@@ -289,8 +291,8 @@ class ChannelServer:
         return True
 
     def _serve_one(self, conn: socket.socket) -> bool:
-        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, n_step, in_reply, n_buffers, n_plan = _recv_header(
-            conn, REQUEST
+        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, n_step, in_reply, n_buffers, n_plan, n_parts = (
+            _recv_header(conn, REQUEST)
         )
         self._used = True
         if n_idx < 0:
@@ -303,6 +305,8 @@ class ChannelServer:
             or not 0 <= n_step <= MAX_STEP
             or n_buffers not in (0, self._buffers.size)
             or not 0 <= n_plan <= MAX_PLAN
+            or not 0 <= n_parts <= MAX_PARTS
+            or n_parts % 2
         ):
             raise ValueError(f"malformed request ({n_idx}+{n_ahead} indices, {n_chunks} chunks, {n_weights} weights)")
         indices = np.empty(n_idx + n_ahead, dtype=np.int64)
@@ -316,6 +320,11 @@ class ChannelServer:
         if n_plan:
             plan = np.empty(n_plan, dtype=np.int64)
             recv_exactly(conn, _as_bytes(plan))
+        parts = None
+        if n_parts:
+            parts = np.empty(n_parts, dtype=np.int64)
+            recv_exactly(conn, _as_bytes(parts))
+            parts = parts.reshape(-1, 2)
         buffers = None
         if n_buffers:
             recv_exactly(conn, _as_bytes(self._buffers))
@@ -325,7 +334,8 @@ class ChannelServer:
             recv_exactly(conn, _as_bytes(self._weights))
             weights = self._weights
         try:
-            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead, step, bool(in_reply), buffers, plan)
+            r = self._compute(weights, indices, n_chunks, seed, epoch, ahead, step, bool(in_reply), buffers, plan,
+                              parts)
         except Exception as err:  # noqa: BLE001 -- any error is the client's to raise
             message = f"{type(err).__name__}: {err}".encode(errors="replace")[:MAX_ERROR_BYTES]
             conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0, 0.0, 0) + message)
@@ -396,22 +406,25 @@ class Channel:
         in_reply: bool = False,
         buffers: np.ndarray | None = None,
         plan: np.ndarray | None = None,
+        parts: np.ndarray | None = None,
     ) -> None:
         """Ask for the gradient over ``indices`` (send ``weights`` unless the worker maps them);
         ``ahead``: the examples the worker may start loading for the next request; ``step``: an
         all-reduce fit's update number and the step it applies first (float64); ``in_reply``:
         the gradient comes in the reply even if the worker maps shared memory; ``buffers``: the
         running statistics (float32) the share starts from; ``plan``: an all-reduce member's
-        batch plan (int64, :class:`~adadamp.wire.batches.BatchPlan`), its indices then empty."""
+        batch plan (int64, :class:`~adadamp.wire.batches.BatchPlan`), its indices then empty;
+        ``parts``: a request of several shards, (dropout seed, example count) per shard (int64)."""
         ahead = np.zeros(0, dtype=np.int64) if ahead is None else ahead
         both = np.concatenate([np.asarray(indices, dtype=np.int64), np.asarray(ahead, dtype=np.int64)])
         step = np.zeros(0) if step is None else np.asarray(step, dtype=np.float64)
         plan = np.zeros(0, dtype=np.int64) if plan is None else np.ascontiguousarray(plan, dtype=np.int64)
+        parts = np.zeros(0, dtype=np.int64) if parts is None else np.ascontiguousarray(parts, dtype=np.int64).ravel()
         header = REQUEST.pack(
             len(indices), n_chunks, seed, 0 if weights is None else weights.size, epoch, len(ahead), len(step),
-            int(in_reply), 0 if buffers is None else buffers.size, plan.size,
+            int(in_reply), 0 if buffers is None else buffers.size, plan.size, parts.size,
         )
-        chunks = [header, _as_bytes(both)] + [_as_bytes(a) for a in (step, plan) if a.size]
+        chunks = [header, _as_bytes(both)] + [_as_bytes(a) for a in (step, plan, parts) if a.size]
         chunks += [] if buffers is None else [_as_bytes(np.ascontiguousarray(buffers, dtype=np.float32))]
         chunks += [] if weights is None else [_as_bytes(weights)]
         send_all(self.sock, chunks)
@@ -448,6 +461,6 @@ class Channel:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0, 0, 0, 0, 0))
+            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
         with contextlib.suppress(OSError):
             self.sock.close()

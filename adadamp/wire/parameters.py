@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["bind_parameters", "flatten_parameters", "float_buffers", "trainable"]
+__all__ = ["bind_parameters", "examples_independent", "flatten_parameters", "float_buffers", "trainable"]
 
 
 def flatten_parameters(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,3 +54,23 @@ def bind_parameters(
 def float_buffers(module: torch.nn.Module) -> list[torch.Tensor]:
     """Floating-point buffers (BatchNorm running statistics) that training updates."""
     return [b for b in module.buffers() if b.is_floating_point()]
+
+
+#: Layers whose training forward couples the examples of a pass (batch statistics) or draws random
+#: numbers (dropout, RReLU's slopes): a pass over two shards is not the two shards' passes.
+_COUPLING = (torch.nn.modules.batchnorm._NormBase, torch.nn.modules.dropout._DropoutNd, torch.nn.RReLU)
+
+
+def examples_independent(module: torch.nn.Module) -> bool:
+    """Whether the module's training forward treats each example on its own, as far as its layers
+    show: no floating-point buffers (running statistics), no batch or instance normalization, no
+    dropout.  Then one forward and backward pass over several shards gives the sum of their
+    gradients (up to float summation order); a worker also checks that its first pass draws no
+    random numbers (a functional dropout) before it takes shards together.
+
+    >>> examples_independent(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
+    True
+    >>> examples_independent(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout()))
+    False
+    """
+    return not float_buffers(module) and not any(isinstance(m, _COUPLING) for m in module.modules())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -33,8 +34,14 @@ def share_gradient(
     ahead: np.ndarray = _NOTHING,
     in_reply: bool = False,
     buffers: np.ndarray | None = None,
+    parts: np.ndarray | None = None,
 ) -> GradientReply:
     """The gradient sum over ``indices`` at ``weights`` (None: already in place).
+
+    ``parts`` (speed-based shares): the request is several shards, rows ``(dropout seed, example
+    count)`` in the order of ``indices``; each is its own forward and backward pass from the same
+    running statistics (:func:`shards_sum`), or one pass for all when the module's examples are
+    independent.  None: one shard seeded by ``seed``.
 
     ``buffers`` (the client's running statistics, BatchNorm's) are where the share's forward pass
     starts its statistics from: every shard then updates the same statistics, so what the client
@@ -58,7 +65,15 @@ def share_gradient(
             state.flat.copy_(torch.from_numpy(np.asarray(weights)), non_blocking=True)
         if buffers is not None and state.buffers:
             _load_buffers(state.buffers, buffers)
-        n, weight, loss_sum, sq_sum, n_stat_chunks = gradient_sum(state, X, y, n_chunks, seed)
+        running = None
+        if parts is None:
+            n, weight, loss_sum, sq_sum, n_stat_chunks = gradient_sum(state, X, y, n_chunks, seed)
+        else:
+            start_buffers = flat_buffers(state.buffers) if state.buffers else None
+            (n, weight, loss_sum, sq_sum, n_stat_chunks), running = shards_sum(
+                state, X, y, n_chunks, np.asarray(parts, dtype=np.int64).reshape(-1, 2), start_buffers
+            )
+            n, n_stat_chunks = int(n), int(n_stat_chunks)
         if in_reply:
             grad = state.grads.detach().to("cpu", copy=True).numpy()
         elif state.shared:
@@ -74,10 +89,70 @@ def share_gradient(
             n_chunks=n_stat_chunks,
             compute_time=time.perf_counter() - start,
             grad=grad,
-            buffers=torch.cat([b.reshape(-1) for b in state.buffers]).cpu().numpy() if state.buffers else None,
+            buffers=_reply_buffers(state, running, n),
             weight=weight,
             digest=examples_digest(indices),
         )
+
+
+def _reply_buffers(state: FitState, running: torch.Tensor | None, n: int) -> np.ndarray | None:
+    """The running statistics a reply carries: the module's after its one pass, or (several shards)
+    the shards' statistics weighted by their examples."""
+    if not state.buffers:
+        return None
+    if running is None:
+        return torch.cat([b.reshape(-1) for b in state.buffers]).cpu().numpy()
+    return (running / max(n, 1)).numpy()
+
+
+def shards_sum(
+    state: FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, parts: np.ndarray,
+    start: torch.Tensor | None, before_last: Callable[[], None] | None = None,
+) -> tuple[list[float], torch.Tensor | None]:
+    """The gradient sum over consecutive shards of ``X, y`` (rows ``(dropout seed, example count)``
+    of ``parts``), in ``state.grads``; returns the summed scalars of :func:`gradient_sum` and the
+    running statistics weighted by each shard's examples (None without any).
+
+    Each shard is its own forward and backward pass, its running statistics starting from
+    ``start``, so a shard's gradient, dropout masks and BatchNorm statistics do not depend on which
+    shards it is computed with.  When the fit fuses shards (``state.fuse``: speed-based shares and
+    a module whose examples are independent, :func:`~adadamp.wire.parameters.examples_independent`)
+    and its first pass drew no random numbers, the shards are one pass (seeded by the first
+    shard's seed, which then draws nothing): the same gradient sum up to float summation order,
+    one pass's fixed cost instead of one per shard.  ``before_last`` runs before the last pass
+    (the all-reduce replica's buckets start listening to its backward pass).
+    """
+    sums = [0.0] * 5
+    running = torch.zeros(sum(b.numel() for b in state.buffers)) if state.buffers else None
+    if state.fuse and state.draws is False and len(parts) > 1:
+        parts = np.array([[parts[0, 0], parts[:, 1].sum()]], dtype=np.int64)
+    offset = 0
+    for i, (seed, count) in enumerate(parts.tolist()):
+        if i and start is not None:
+            set_buffers(state.buffers, start)
+        if before_last is not None and i == len(parts) - 1:
+            before_last()
+        shard = slice(offset, offset + count)
+        offset += count
+        result = gradient_sum(state, X[shard], y[shard], n_chunks, seed, accumulate=i > 0)
+        sums = [a + b for a, b in zip(sums, result)]
+        if running is not None:  # BatchNorm: one running average whatever the split
+            running += flat_buffers(state.buffers) * result[0]
+    return sums, running
+
+
+def flat_buffers(buffers: list[torch.Tensor]) -> torch.Tensor:
+    """The running statistics, one flat float tensor (a copy) on the CPU."""
+    return torch.cat([b.detach().reshape(-1).float().cpu() for b in buffers])
+
+
+def set_buffers(buffers: list[torch.Tensor], values: torch.Tensor) -> None:
+    """Write one flat tensor of running statistics (:func:`flat_buffers`) back into ``buffers``."""
+    offset = 0
+    with torch.no_grad():
+        for b in buffers:
+            b.copy_(values[offset : offset + b.numel()].view_as(b))
+            offset += b.numel()
 
 
 def _load_buffers(targets: list[torch.Tensor], values: np.ndarray) -> None:
@@ -133,7 +208,7 @@ def _seeded_forward(state: FitState, X: torch.Tensor, seed: int) -> torch.Tensor
         before = generator_state()  # seeded loads between the two looks restore what they change
         out = _forward(state.module, X)
         if not torch.equal(before, generator_state()):
-            state.forward_draws = True
+            state.forward_draws = state.draws = True
             logger.warning("the module drew random numbers in a forward pass after its first drew none; "
                            "seeding its forward passes from now on")
         return out
@@ -144,6 +219,7 @@ def _seeded_forward(state: FitState, X: torch.Tensor, seed: int) -> torch.Tensor
             lazy = state.loader is not None and not state.loader.cache and state.device.type == "cpu"
             draws = not torch.equal(before, torch.default_generator.get_state())
             state.forward_draws = draws or not lazy
+            state.draws = draws
     return out
 
 

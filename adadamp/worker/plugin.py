@@ -35,7 +35,7 @@ from distributed.protocol import to_serialize
 from ..records import Block, BlockMove, ChannelOffer, GradientReply, SetupReply, SetupRequest, StepVector, to_message
 from ..wire.batches import BatchPlan
 from ..wire.channel import IDLE_TIMEOUT, ChannelServer, tcp_host
-from ..wire.parameters import bind_parameters, flatten_parameters, float_buffers
+from ..wire.parameters import bind_parameters, examples_independent, flatten_parameters, float_buffers
 from ..wire.shm import attach, attach_data
 from .gradient import share_gradient
 from .loading import ExampleLoader
@@ -158,7 +158,8 @@ class Trainer:
             module = module.to(device)
             module.train()
             flat, grads = flatten_parameters(module)
-            state = FitState(module, criterion, device, flat, grads, int(setup.n_total), buffers=float_buffers(module))
+            state = FitState(module, criterion, device, flat, grads, int(setup.n_total), buffers=float_buffers(module),
+                             fuse=bool(setup.fuse) and examples_independent(module))
             if setup.dataset is not None:
                 state.loader = ExampleLoader(**self._unpickle(setup.dataset, "the Dataset"), where=where)
             mapped = None if shared is None or replica is not None else attach(shared, flat.numel())
@@ -245,13 +246,13 @@ class Trainer:
     # ------------------------------------------------------------------ updates
     async def adadamp_gradient(
         self, fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None, step=None,
-        in_reply=False, buffers=None, plan=None,
+        in_reply=False, buffers=None, plan=None, parts=None,
     ) -> dict:
         """The gradient as a Dask RPC (workers without a channel)."""
         state = self.fits[fit_id]
 
         def run():
-            r = compute(state, weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, plan)
+            r = compute(state, weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, plan, parts)
             state.inline = r.compute_time < INLINE_SECONDS and state.replica is None  # collectives block
             reply = to_message(r)
             for key in ("grad", "buffers"):
@@ -317,13 +318,15 @@ def load_block(fit_id: str, block: int, start: int, X, y) -> int:
 
 def compute(
     state: FitState, weights, indices, n_chunks, seed, epoch=0, ahead=None, step=None, in_reply=False, buffers=None,
-    plan=None,
+    plan=None, parts=None,
 ) -> GradientReply:
     """One request: an all-reduce replica's update (``plan``: its :class:`~adadamp.wire.batches.BatchPlan`
     as a vector), else the share's gradient sum (``in_reply``: sent back in the reply even where
-    it would go to shared memory; ``buffers``: the running statistics the share starts from)."""
+    it would go to shared memory; ``buffers``: the running statistics the share starts from;
+    ``parts``: the shards of a request that has several, see :func:`share_gradient`)."""
     ahead = np.zeros(0, dtype=np.int64) if ahead is None else np.asarray(ahead)
     if state.replica is not None:
         return state.replica.update(BatchPlan.from_array(plan), n_chunks, epoch, np.asarray(step))
     buffers = None if buffers is None else np.asarray(buffers)
-    return share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead, in_reply, buffers)
+    parts = None if parts is None else np.asarray(parts)
+    return share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead, in_reply, buffers, parts)

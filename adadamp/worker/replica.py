@@ -49,7 +49,7 @@ from ..records import GradientReply, StepVector, examples_digest
 from ..wire.batches import BatchPlan, epoch_permutation
 from ..wire.optimizer_plan import apply_settings
 from ..wire.parameters import trainable
-from .gradient import examples, gradient_sum
+from .gradient import examples, flat_buffers, set_buffers, shards_sum
 from .state import FitState
 
 if TYPE_CHECKING:
@@ -414,7 +414,7 @@ class Replica:
             indices, parts, ahead = self._examples_of(plan, epoch)
             X, y = examples(state, indices, epoch, ahead)
             overlap = n_chunks <= 1 and self.size > 1  # chunk statistics need the local sum first
-            before = _flat(state.buffers) if state.buffers else None  # what a failed update leaves
+            before = flat_buffers(state.buffers) if state.buffers else None  # what a failed update leaves
             try:
                 sums, running = self._shard_sums(X, y, n_chunks, parts, overlap, before)
                 computed = time.perf_counter()  # what follows is the all-reduce the backward pass did not hide
@@ -431,7 +431,7 @@ class Replica:
                 raise CollectiveError(f"update {update}, rank {self.rank} of generation {generation}: {failure}")
             n_total, weight_total, loss_total, sq_total, chunks_total = totals.cpu().tolist()
             if state.buffers:
-                _set_running(state.buffers, running / max(n_total, 1.0))
+                set_buffers(state.buffers, running / max(n_total, 1.0))
             with np.errstate(invalid="ignore", over="ignore"):
                 state.grads.mul_(1.0 / weight_total if weight_total else 0.0)
             sq_norm = float(torch.linalg.vector_norm(state.grads, dtype=torch.float64) ** 2)
@@ -465,27 +465,13 @@ class Replica:
     def _shard_sums(
         self, X, y, n_chunks: int, parts: np.ndarray, overlap: bool, start: torch.Tensor | None
     ) -> tuple[list[float], torch.Tensor | None]:
-        """The gradient sum over this member's shards, in ``state.grads`` (the last shard's backward
-        pass launches the buckets when ``overlap``), each shard's forward pass starting from the
-        running statistics ``start``; returns the scalars to all-reduce (examples, weight, loss sum,
-        chunk statistics) and the running statistics weighted by each shard's examples."""
-        state = self.state
-        sums = [0.0] * 5
-        running = torch.zeros(sum(b.numel() for b in state.buffers)) if state.buffers else None
+        """The gradient sum over this member's shards, in ``state.grads`` (:func:`shards_sum`; the
+        last shard's backward pass launches the buckets when ``overlap``); returns the scalars to
+        all-reduce (examples, weight, loss sum, chunk statistics) and the running statistics
+        weighted by each shard's examples."""
         parts = parts if len(parts) else np.zeros((1, 2), dtype=np.int64)  # no shard: a zero gradient
-        offset = 0
-        for i, (seed, count) in enumerate(parts.tolist()):
-            if i and start is not None:
-                _set_running(state.buffers, start)
-            if overlap and i == len(parts) - 1:
-                self.buckets.start(self.group)
-            shard = slice(offset, offset + count)
-            offset += count
-            result = gradient_sum(state, X[shard], y[shard], n_chunks, seed, accumulate=i > 0)
-            sums = [a + b for a, b in zip(sums, result)]
-            if running is not None:  # BatchNorm: one running average whatever the split
-                running += _flat(state.buffers) * result[0]
-        return sums, running
+        before_last = (lambda: self.buckets.start(self.group)) if overlap else None
+        return shards_sum(self.state, X, y, n_chunks, parts, start, before_last)
 
     def _reduce(self, overlap: bool, scalars: list[float], running: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -532,7 +518,7 @@ class Replica:
         """An update failed: leave its group, and put back the running statistics it started
         from (its forward passes moved them; the update is recomputed from the same state)."""
         if running is not None:
-            _set_running(self.state.buffers, running)
+            set_buffers(self.state.buffers, running)
         self._drop_group()
 
     def _drop_group(self, abort: bool = False) -> None:
@@ -606,16 +592,3 @@ def _warm_up() -> None:
     param = torch.zeros(1, requires_grad=True)
     param.grad = torch.zeros(1)
     torch.optim.SGD([param], lr=0.0).step()
-
-
-def _flat(buffers: list[torch.Tensor]) -> torch.Tensor:
-    """The running statistics, one flat float tensor (a copy) on the CPU."""
-    return torch.cat([b.detach().reshape(-1).float().cpu() for b in buffers])
-
-
-def _set_running(buffers: list[torch.Tensor], values: torch.Tensor) -> None:
-    offset = 0
-    with torch.no_grad():
-        for b in buffers:
-            b.copy_(values[offset : offset + b.numel()].view_as(b))
-            offset += b.numel()

@@ -39,6 +39,8 @@ class FitState:
     channel: ChannelServer | None = None
     loader: ExampleLoader | None = None  # a lazy Dataset: examples are read per share, not placed
     forward_draws: bool | None = None  # whether the module's forward draws random numbers (None: not seen)
+    draws: bool | None = None  # whether its first forward drew any (None: not seen; forward_draws also says "seed")
+    fuse: bool = False  # several shards of a request may be one forward pass (speed shares, independent examples)
     replica: Any = None  # an all-reduce fit: this worker's Replica (optimizer and process group)
 
     def __post_init__(self):

@@ -38,12 +38,14 @@ user accepts plaintext collectives (:func:`check_plaintext`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import copy
 import dataclasses
 import io
 import logging
 import math
+import statistics
 import time
 
 import cloudpickle
@@ -63,6 +65,7 @@ from ...wire.optimizer_plan import apply_plan, group_settings
 from ...wire.parameters import flatten_parameters, float_buffers
 from ...worker.replica import ABORT, dump_state, load_state
 from ..aggregation import Totals
+from ..speeds import lost_after
 from ..transport import LOST
 from .base import PREFETCH_BATCHES, Backend, Batch
 from .rounds import MAX_RECOMPUTES, in_rounds, triage
@@ -140,6 +143,8 @@ class AllReduce(Backend):
         self._step_owed: tuple[int, float, list[float]] | None = None  # the step the replicas owe
         self._set_up_at: dict[str, int] = {}  # the update count of the payload each worker was set up from
         self._epoch_updates: list | None = None  # the running epoch's update records (run_epoch's list)
+        self._rounds: collections.deque = collections.deque(maxlen=16)  # (seconds, examples) of the last rounds
+        self._aborted = False  # this round's generation was aborted for a late member (_abort)
 
     # ------------------------------------------------------------------ set-up
     def _acquire(self, stack: contextlib.ExitStack) -> None:
@@ -327,10 +332,11 @@ class AllReduce(Backend):
             counts = dict.fromkeys(range(placement.n_shards), 0)
             counts.update({g: len(sub) for g, sub in placement.shards(batch.idx)})
             step = self._step_vector(lp.n_updates)
-            requests = []
+            requests, examples = [], {}
             for k, w in enumerate(self.workers):
                 shards = [(g, dropout_seed(lp.seed, lp.n_updates, g), counts[g])
                           for g in np.flatnonzero(placement.holder == k).tolist()]
+                examples[w] = sum(count for _, _, count in shards)
                 plan = BatchPlan(
                     lp.seed, batch.start, batch.start + len(batch.idx), placement.n_shards, placement.n_blocks,
                     placement.block_size or 0, batch.size if batch.ahead is not None else 0, PREFETCH_BATCHES,
@@ -338,14 +344,23 @@ class AllReduce(Backend):
                 )
                 requests.append(ShareRequest(w, 0, _NO_INDICES, batch.epoch, step=step, plan=plan.to_array()))
             totals, replied = Totals(), []
-            replies, totals.send = self.transport.round(requests, batch.n_chunks, None, on_reply=_collect(totals, replied))
+            t_sent = time.monotonic()
+            replies, totals.send = self.transport.round(
+                requests, batch.n_chunks, None, on_reply=_collect(totals, replied, examples),
+                patient=self._patient(), expected=self._expected_round(len(batch.idx)), on_late=self._abort,
+            )
             dead, failed = triage(self.members, [q.worker for q in requests], replies, collectives=True)
+            if self._aborted and not dead:  # every member answered after all: slow, not hung
+                self._rounds.clear()  # the next rounds are held to this one's time
+                self._rounds.append((time.monotonic() - t_sent, len(batch.idx)))
+            self._aborted = False
             if not dead and not failed:
                 r = replied[0]  # every member holds the same all-reduced totals
                 totals.n, totals.weight, totals.loss_sum = r.n, r.weight, r.loss_sum
                 totals.chunk_sq_norm_sum, totals.n_chunks = r.chunk_sq_norm_sum, r.n_chunks
                 totals.grad_sq_norm = r.grad_sq_norm
                 self._step_owed = None
+                self._rounds.append((time.monotonic() - t_sent, len(batch.idx)))
                 return totals, []
             lost, broken = [requests[k].worker for k in dead], [requests[k].worker for k in failed]
             logger.warning("update %d: lost %s, collective failed on %s; re-forming the group and recomputing",
@@ -357,6 +372,28 @@ class AllReduce(Backend):
         return in_rounds(self.members, one_round, (
             f"update {self.loop.n_updates} failed in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
         ))
+
+    def _expected_round(self, batch_size: int) -> float | None:
+        """What a round of ``batch_size`` examples is expected to take: the median of the last
+        rounds', scaled up with a larger batch (None before any round: no bound but ``update_timeout``).
+        The members answer together after their all-reduce, so a hung member cannot be told from
+        the others' answers within the round (:meth:`Transport.round`)."""
+        if not self._rounds:
+            return None
+        seconds = statistics.median(t for t, _ in self._rounds)
+        return seconds * max(1.0, batch_size / statistics.median(n for _, n in self._rounds))
+
+    def _abort(self, late: list[str]) -> None:
+        """A round's member is late past the others' bound: abort the generation, so the members
+        waiting for it in a collective give up within ``ABORT_POLL`` and answer (the late one is
+        then lost, and the update recomputed by the next generation).  When every member answers
+        after all (the whole group was slow), the next rounds are held to this round's time."""
+        logger.warning("update %d: %s late past %.1f s; aborting all-reduce group %d", self.loop.n_updates, late,
+                       lost_after(self._expected_round(0) or 0.0), self.generation)
+        self._aborted = True
+        with contextlib.suppress(Exception):  # the scheduler may be gone: the members time out
+            self.client.sync(self.client.scheduler.set_metadata, keys=[self.fit_id, str(self.generation), ABORT],
+                             value=b"1", callback_timeout=5.0)
 
     def _gradient_round(self, batch: Batch) -> Totals:
         """The batch's mean gradient, all-reduced and kept pending on the replicas."""
@@ -411,11 +448,12 @@ class AllReduce(Backend):
         self.sync()
 
 
-def _collect(totals: Totals, replied: list):
-    """A round's ``on_reply``: keep the replies and the slowest member's compute time."""
+def _collect(totals: Totals, replied: list, examples: dict[str, int]):
+    """A round's ``on_reply``: keep the replies, and each member's examples (``examples``) and
+    compute time (the slowest member's is the update's)."""
 
-    def add(_request, reply) -> None:
-        totals.compute = max(totals.compute, reply.compute_time)
+    def add(request, reply) -> None:
+        totals.measured(request.worker, examples[request.worker], reply.compute_time)
         totals.digest = (totals.digest + reply.digest) % 2**64
         replied.append(reply)
 

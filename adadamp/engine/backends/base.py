@@ -39,11 +39,12 @@ from ...exceptions import ConvergenceError
 from ...records import SetupRequest, UpdateRecord, epoch_row
 from ...wire import shm
 from ...wire.channel import tcp_host
-from ...wire.parameters import trainable
+from ...wire.parameters import examples_independent, trainable
 from ...wire.shm import SharedBuffers
 from ...worker.plugin import TrainerPlugin
 from ..aggregation import Totals
 from ..membership import Membership
+from ..speeds import COUPLED_SHARDS_PER_WORKER, SHARDS_PER_WORKER, Speeds
 from ..transport import Transport, channels_enabled
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ class Backend(abc.ABC):
         self.device = device
         self.fit_id = f"adadamp-{uuid.uuid4().hex}"
         self.n_shards: int | None = None  # what each update is cut into (set at the first placement)
+        self.speeds = Speeds()  # each worker's measured throughput (speed-based shares, stragglers)
         self._bound = False  # the module's parameters are views of the backend's buffers
         mark_base_lr(optimizer)
 
@@ -255,6 +257,7 @@ class Backend(abc.ABC):
             channel=channels_enabled() and tcp_host(worker) is not None,
             shared=None if self._shared is None else self._shared.offer(worker),
             dataset=self._dataset_payload,
+            fuse=self.policy.shares == "speed",
         )
 
     # ------------------------------------------------------------------ warm sessions
@@ -294,7 +297,10 @@ class Backend(abc.ABC):
         """
         preferred = self.data.preferred(self.placement)  # where Dask holds a block already (dask data)
         n_shards = self._placement_shards(new_workers)
-        shard_of, holder, add, drop = plan_moves(self.placement.names(self.workers), new_workers, n_shards, preferred)
+        quota = self.speeds.quotas(new_workers, n_shards) if self.policy.shares == "speed" else None
+        shard_of, holder, add, drop = plan_moves(
+            self.placement.names(self.workers), new_workers, n_shards, preferred, quota
+        )
         self._check_memory([holder[g] for g in shard_of], new_workers)
         timeout = max(60.0, self.policy.update_timeout)
         failed = self.data.move(self.transport, self.placement, add, drop, timeout)
@@ -303,6 +309,22 @@ class Backend(abc.ABC):
         sizes = sorted(int(c) for c in np.bincount(self.placement.owner, minlength=len(new_workers)))
         logger.info("workers: %d, shards: %d, blocks per worker: %s", len(new_workers), n_shards, sizes)
         return failed
+
+    def _patient(self) -> set[str]:
+        """The workers that have not answered an update of this fit yet: only ``update_timeout``
+        gives up on them (:meth:`Transport.round`)."""
+        return {w for w in self.workers if w not in self.speeds.rate}
+
+    def _follow_speeds(self) -> None:
+        """With speed-based shares, place the shards again when the measured speeds say other
+        quotas would shorten the update (:meth:`Speeds.rebalance`); between updates only."""
+        if self.policy.shares != "speed" or not self.workers:
+            return
+        held = np.bincount(self.placement.holder, minlength=len(self.workers)).tolist()
+        if self.speeds.rebalance(self.workers, held, self.loop.n_updates):
+            logger.info("update %d: shards follow the measured speeds %s (held %s)", self.loop.n_updates,
+                        [round(r) for r in self.speeds.of(self.workers)], held)
+            self.members.replace()
 
     def _placement_shards(self, new_workers: list[str]) -> int:
         """The shards of a placement on ``new_workers``: the fit's (a lost worker's shards go to the
@@ -318,13 +340,29 @@ class Backend(abc.ABC):
         the workers that came).  Otherwise the most workers this fit has had, or that the client's
         cluster plans (workers restarting included): never fewer when workers are lost, so a lost
         worker changes no update; more only when more workers take part than there are shards.
+        With speed-based shares, :meth:`_shards_per_worker` times that (at most one per block).
         """
         workers = self.workers if workers is None else workers
         if self.policy.scale:
             batch = batch_size or self.damper.forecast_batch_size(self.loop.epoch)
             if batch:
-                return self.members.wanted(int(batch))
-        return max(self.n_shards or 0, len(workers), self.members.planned(), 1)
+                return self._finer(self.members.wanted(int(batch)))
+        return max(self.n_shards or 0, self._finer(max(len(workers), self.members.planned(), 1)))
+
+    def _finer(self, n_shards: int) -> int:
+        """``n_shards`` cut :meth:`_shards_per_worker` times finer, at most one shard per block."""
+        per_worker = self._shards_per_worker()
+        return max(n_shards, min(n_shards * per_worker, self.placement.n_blocks)) if per_worker > 1 else n_shards
+
+    def _shards_per_worker(self) -> int:
+        """Shards per worker: 1 with equal shares; with speed-based shares enough for a share to
+        follow a worker's speed (:data:`~adadamp.engine.speeds.SHARDS_PER_WORKER`), fewer when each
+        shard is its own forward pass (BatchNorm, dropout: :func:`examples_independent`)."""
+        if self.policy.shares != "speed":
+            return 1
+        if not hasattr(self, "_independent"):  # the architecture's: the same for a warm call's copy
+            self._independent = examples_independent(self.module)
+        return SHARDS_PER_WORKER if self._independent else COUPLED_SHARDS_PER_WORKER
 
     def _reshard(self, batch_size: int) -> None:
         """Cut the coming updates into the shards :meth:`_target_shards` names (between updates only)."""
@@ -367,6 +405,7 @@ class Backend(abc.ABC):
         """Look at the workers, ask the damper for the batch size (and size the cluster for it),
         and draw the batch's examples."""
         self.members.refresh()
+        self._follow_speeds()
         running = self.members.running()
         state = self.loop.train_state(len(self.workers), self._worker_budget(running), min(running, self.policy.max_workers))
         batch_size = int(self.damper.next_batch_size(state))
@@ -396,10 +435,12 @@ class Backend(abc.ABC):
         """One model update; returns its row of the history (the damper is shown its record and
         adds its reasons, :meth:`~adadamp.dampers.BaseDamper.explain`)."""
         t_start = time.perf_counter()
+        self.members.lost_in_rounds.clear()
         batch = self._next_batch()
         t_sent = time.perf_counter()
         total = self._gradient_round(batch)
         t_back = time.perf_counter()
+        self.speeds.observe_update(self.workers, total.per_worker)
         n = total.n
         loss = total.loss_sum / total.weight  # weight = n unless the criterion's mean is class-weighted
         if not self._finite(loss, total):
@@ -457,6 +498,9 @@ class Backend(abc.ABC):
             update_time=t_step - t_start,
             sent_bytes=self.transport.round_bytes[0],
             received_bytes=self.transport.round_bytes[1],
+            shares=[int(total.per_worker.get(w, (0,))[0]) for w in self.workers],
+            stragglers=self.speeds.stragglers(self.workers),
+            lost=len(set(self.members.lost_in_rounds)),
             **digests,
         )
 

@@ -90,33 +90,31 @@ class ParameterServer(Backend):
                 backed_up = True
 
         todo = None  # the shards still to compute (None: all of them)
+        lost_keys: list[int] = []  # the first shards of the last round's lost requests
         buffers = self._buffer_values()  # the running statistics every shard starts from
 
         def one_round(k: int) -> tuple[Totals | None, list[str]]:
             nonlocal todo
             shards = [(g, sub) for g, sub in self.placement.shards(idx) if todo is None or g in todo]
+            units = self._units(shards)
             if todo is None:
-                summed.expect([g for g, _ in shards])
+                summed.expect([unit[0][0] for unit in units])
+            else:
+                summed.redo(lost_keys, [unit[0][0] for unit in units])
             # the shard of each example named ahead (only with the first round's requests)
             ahead_shard = None
             if ahead is not None and k == 0:
                 ahead_shard = self.placement.shard_of[self.placement.blocks_of(ahead % self.loop.n_data)]
-            holders = [int(self.placement.holder[g]) for g, _ in shards]
+            holders = [int(self.placement.holder[unit[0][0]]) for unit in units]
             several = {h for h, count in Counter(holders).items() if count > 1}  # their gradients come in replies
-            requests = [
-                ShareRequest(
-                    self.workers[h], dropout_seed(self.loop.seed, self.loop.n_updates, g), sub, epoch,
-                    ahead=None if ahead_shard is None else ahead[ahead_shard == g],
-                    shard=g, in_reply=h in several,
-                )
-                for h, (g, sub) in zip(holders, shards)
-            ]
+            requests = [self._request(h, unit, epoch, ahead, ahead_shard, h in several) for h, unit in zip(holders, units)]
             replies, send_time = self.transport.round(
-                requests, n_chunks, self.flat_np, on_reply=add, buffers=buffers
+                requests, n_chunks, self.flat_np, on_reply=add, buffers=buffers, patient=self._patient()
             )
             summed.totals.send += send_time
             lost, _ = triage(self.members, [q.worker for q in requests], replies)
-            todo = {requests[i].shard for i in lost}
+            lost_keys[:] = [requests[i].shard for i in lost]
+            todo = {g for i in lost for g, _ in units[i]}
             if not todo:
                 return summed.totals, []
             workers = list(dict.fromkeys(requests[i].worker for i in lost))
@@ -126,6 +124,29 @@ class ParameterServer(Backend):
         return in_rounds(self.members, one_round, (
             f"update {self.loop.n_updates} lost a share in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
         ))
+
+    def _units(self, shards: list[tuple[int, np.ndarray]]) -> list[list[tuple[int, np.ndarray]]]:
+        """The requests of a round: one per shard, or (speed-based shares) one per worker with all
+        the shards it holds, so its shards are one message and (examples independent) one pass."""
+        if self.policy.shares != "speed":
+            return [[shard] for shard in shards]
+        by_holder: dict[int, list] = {}
+        for g, sub in shards:
+            by_holder.setdefault(int(self.placement.holder[g]), []).append((g, sub))
+        return sorted(by_holder.values(), key=lambda unit: unit[0][0])
+
+    def _request(self, holder: int, unit: list, epoch: int, ahead, ahead_shard, in_reply: bool) -> ShareRequest:
+        """The request computing ``unit``'s shards (``(shard, indices)`` pairs) on worker ``holder``."""
+        first = unit[0][0]
+        seeds = [dropout_seed(self.loop.seed, self.loop.n_updates, g) for g, _ in unit]
+        parts = None
+        if len(unit) > 1:
+            parts = np.array([(seed, len(sub)) for seed, (_, sub) in zip(seeds, unit)], dtype=np.int64)
+        return ShareRequest(
+            self.workers[holder], seeds[0], unit[0][1] if len(unit) == 1 else np.concatenate([sub for _, sub in unit]),
+            epoch, ahead=None if ahead_shard is None else ahead[np.isin(ahead_shard, [g for g, _ in unit])],
+            shard=first, in_reply=in_reply, parts=parts,
+        )
 
     def _gradient_round(self, batch: Batch) -> Totals:
         """The shards' gradient sums added into ``self.grads_np``, then divided once; the running

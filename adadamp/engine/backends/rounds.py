@@ -39,6 +39,7 @@ def in_rounds(members: Membership, run: Callable[[int], tuple[T | None, list[str
         result, lost = run(k)
         if result is not None:
             return result
+        members.lost_in_rounds.extend(lost)
         members.refresh(force=True, lost=tuple(lost))
     raise NoWorkersError(failure)
 
