@@ -1,14 +1,14 @@
 """Cluster policy: how many workers a batch wants, and how the cluster is asked for them.
 
-The batch size decides the cluster size (Holt & Sievert 2021,
-"Architecture"): ``workers = clip(ceil(B / grads_per_worker), min, max)``.
-Growing calls ``cluster.scale`` and returns at once (an HPC queue may take
-minutes; training goes on with the workers it has).  Shrinking retires the
-chosen workers first, because ``scale()`` alone closes workers without
+The batch size decides the workers a fit trains on, on any cluster (Holt & Sievert 2021,
+"Architecture"): ``workers = clip(ceil(B / grads_per_worker), min, max)``; the others stay free.
+With ``scale_cluster`` it decides the cluster's size too: growing calls ``cluster.scale`` and
+returns at once (an HPC queue may take minutes; training goes on with the workers it has).
+Shrinking retires the chosen workers first, because ``scale()`` alone closes workers without
 retiring them (dask/distributed#5577).
 
 With no client, fits share the process's embedded LocalCluster (:mod:`adadamp.embedded`); it is
-shared, so a fit uses only the workers it wants there and never shrinks it (``ClusterPolicy.shared``).
+shared, so a fit grows it but never shrinks it (``ClusterPolicy.shared``).
 """
 
 from __future__ import annotations
@@ -41,12 +41,13 @@ class ClusterPolicy:
     grads_per_worker : int
         Examples one worker should compute per update.
     min_workers, max_workers : int
-        Bounds on the number of workers asked for.
+        Bounds on the number of workers a batch trains on (and asked for).
     scale : bool
         Call ``cluster.scale`` as the batch size changes.
     prescale_epochs : float
-        How far ahead (in epochs) a known schedule is read to ask for
-        workers before the batch grows, hiding queue waits.
+        How far ahead (in epochs) a known schedule is read at least to set
+        up workers and ask for them before the batch grows; it is read
+        further, one worker start ahead, once updates were timed.
     scale_wait : float
         When the batch outgrows the live workers, seconds to wait (once per
         size) for the workers asked for; training then goes on with the
@@ -58,9 +59,9 @@ class ClusterPolicy:
         Seconds one worker may take for one gradient before it is treated
         as lost and its share is recomputed elsewhere.
     shared : bool
-        Other fits may train on the cluster (the embedded one): the fit uses
-        only the workers it wants, as many as on a cluster of its own, and
-        grows the cluster but never shrinks it (it uses fewer workers instead).
+        Other fits may train on the cluster (the embedded one): the fit
+        grows the cluster but never shrinks it (it uses fewer workers
+        instead, as on any cluster).
     shares : {"equal", "speed"}
         How an update's batch is shared among the workers: equally, or in
         proportion to each worker's measured speed (:mod:`adadamp.engine.speeds`).

@@ -113,18 +113,24 @@ class BaseDaskEstimator(BaseEstimator):
         minutes without a fit, by :func:`adadamp.close_embedded_cluster` or
         at exit).
     grads_per_worker : int, default=128
-        Examples per worker per update when sizing the cluster.
+        Examples per worker per update: a batch of ``B`` examples trains on
+        ``clip(ceil(B / grads_per_worker), min_workers, max_workers)``
+        workers, on any cluster (the others stay free for other fits).
     min_workers, max_workers : int, default=1 and None
-        Bounds for the cluster size.  ``max_workers=None`` means one worker
-        per core for the embedded cluster and 16 otherwise.
+        Bounds for the workers a batch trains on (and the cluster size).
+        ``max_workers=None`` means one worker per core for the embedded
+        cluster and 16 otherwise.  Raise ``min_workers`` to spread small
+        batches over more workers.
     scale_cluster : bool or None, default=None
         Grow and shrink the cluster with the batch size (``cluster.scale``).
-        None: yes for the embedded cluster, no for a cluster you passed.
+        None: yes for the embedded cluster, no for a cluster you passed
+        (whose idle workers a growing batch takes).
     scale_wait : float, default=30
         When the batch outgrows the live workers, seconds to wait once for
         the workers asked for before training on with those that came (so an
         HPC queue never blocks training for long).  The cluster is asked one
-        epoch ahead when the damper knows its schedule (GeoDamp).
+        worker start ahead (measured; at least one epoch) when the damper
+        knows its schedule (GeoDamp).
     worker_timeout : float, default=60
         Seconds to wait for a worker when none is left.
     update_timeout : float, default=120

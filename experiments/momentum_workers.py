@@ -76,10 +76,13 @@ class BatchNormMLP(nn.Module):
         return self.out(torch.relu(h))
 
 
-def train(batch: int, lr: float, momentum, seed: int, epochs: int, client, data, batchnorm: bool = True) -> dict:
+def train(batch: int, lr: float, momentum, seed: int, epochs: int, client, data, batchnorm: bool = True,
+          workers: int = 1) -> dict:
+    """One fit on ``workers`` workers (the batch is spread over all of them, however small)."""
     X_train, X_test, y_train, y_test = data
     module = {"module": BatchNormMLP, "module__n_features": 64, "module__n_outputs": 10} if batchnorm else {}
-    est = digits_classifier(Constant(batch, momentum=momentum), lr, seed, client, max_epochs=epochs, **module)
+    est = digits_classifier(Constant(batch, momentum=momentum), lr, seed, client, max_epochs=epochs,
+                            min_workers=workers, max_workers=workers, **module)
     start = time.perf_counter()
     try:
         est.fit(X_train, y_train)
@@ -128,7 +131,7 @@ def run(
                 for seed in seeds:
                     key = (p, batch, lr, batchnorm, m, seed)  # weak at P = total_batch / per_worker is a fixed cell
                     if key not in done:
-                        done[key] = train(batch, lr, m, seed, epochs, client, data, batchnorm)
+                        done[key] = train(batch, lr, m, seed, epochs, client, data, batchnorm, workers=p)
                     per_seed.append(done[key])
                 ok = [r for r in per_seed if not r["diverged"]]
                 rows.append(

@@ -57,7 +57,7 @@ def test_allreduce_equals_the_parameter_server(data, client, optimizer):
     X, y = data
     opt = {"optimizer": torch.optim.SGD, "optimizer__lr": 0.05, "optimizer__momentum": 0.9} if optimizer == "sgd" \
         else {"optimizer": torch.optim.Adam, "optimizer__lr": 0.01}
-    ps, ar = _both(lambda b: DaskClassifier(batch_size=48, max_epochs=3, random_state=0, backend=b, **opt), X, y)
+    ps, ar = _both(lambda b: DaskClassifier(batch_size=48, max_epochs=3, random_state=0, backend=b, min_workers=2, **opt), X, y)
     np.testing.assert_allclose(_weights(ar), _weights(ps), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose([r["train_loss"] for r in ar.history_], [r["train_loss"] for r in ps.history_],
                                rtol=1e-5)
@@ -72,7 +72,7 @@ def test_the_client_sends_and_receives_under_a_kilobyte_per_update_at_any_batch_
     """The requests name the batch and each member's shards (a BatchPlan), not its examples: the
     client's traffic per update does not grow with the batch (it was 8 bytes per example)."""
     X, y = data
-    est = DaskClassifier(batch_size=batch_size, max_epochs=1, random_state=0, backend=AR).fit(X, y)
+    est = DaskClassifier(batch_size=batch_size, max_epochs=1, random_state=0, backend=AR, min_workers=2).fit(X, y)
     updates = [u for row in est.history_ for u in row["updates"]]
     assert max(u["n_workers"] for u in updates) == 2
     assert max(u["sent_bytes"] for u in updates) < 1024, [u["sent_bytes"] for u in updates]
@@ -94,7 +94,7 @@ def test_regressor_with_batchnorm_and_geodamp(client):
 
     def make(b):
         return DaskRegressor(module=Net, optimizer=torch.optim.SGD, optimizer__lr=0.02, backend=b, max_epochs=3,
-                             batch_size=GeoDamp(initial=16, delay=1, factor=2), random_state=2)
+                             batch_size=GeoDamp(initial=16, delay=1, factor=2), random_state=2, min_workers=2)
 
     ps, ar = _both(make, X, y)
     np.testing.assert_allclose(_weights(ar), _weights(ps), rtol=1e-4, atol=1e-5)
@@ -111,7 +111,8 @@ def test_dampers_with_gradient_statistics(data, client, damper):
     batch = AdaScale(batch_size=64, base_batch_size=16) if damper == "adascale" else \
         DynamicSGD(batch_size=GeoDamp(initial=16, delay=1, factor=2), base_batch_size=16, compensation="velocity")
     ps, ar = _both(lambda b: DaskClassifier(batch_size=batch, optimizer=torch.optim.SGD, optimizer__lr=0.05,
-                                            optimizer__momentum=0.9, max_epochs=3, random_state=0, backend=b), X, y)
+                                            optimizer__momentum=0.9, max_epochs=3, random_state=0, backend=b,
+                                            min_workers=2), X, y)
     np.testing.assert_allclose(_weights(ar), _weights(ps), rtol=1e-4, atol=1e-5)
     lrs = [u["lr"] for row in ar.history_ for u in row["updates"]]
     np.testing.assert_allclose(lrs, [u["lr"] for row in ps.history_ for u in row["updates"]], rtol=1e-4)
@@ -128,7 +129,7 @@ def test_dask_arrays_and_lazy_datasets_on_replicas(data, client):
     from test_lazy_datasets import ClientForbidden
 
     X, y = data
-    params = {"batch_size": 40, "max_epochs": 2, "random_state": 3}
+    params = {"batch_size": 40, "max_epochs": 2, "random_state": 3, "min_workers": 2}
     dX, dy = da.from_array(X, chunks=64), da.from_array(y, chunks=64)
     ps, ar = _both(lambda b: DaskClassifier(backend=b, **params), dX, dy)
     np.testing.assert_allclose(_weights(ar), _weights(ps), rtol=1e-5, atol=1e-6)
@@ -142,7 +143,7 @@ def test_checkpoint_resume_matches_uninterrupted_fit(data, client, tmp_path):
 
     X, y = data
     params = {"max_epochs": 3, "random_state": 5, "optimizer": torch.optim.SGD, "optimizer__momentum": 0.9,
-              "backend": AR, "batch_size": 32}
+              "backend": AR, "batch_size": 32, "min_workers": 2}
     whole = DaskClassifier(**params).fit(X, y)
     path = tmp_path / "ckpt.pt"
     stopped = DaskClassifier(callbacks=[("stop", StopAt(stop=21))], checkpoint=path, checkpoint_every=4, **params)
@@ -161,7 +162,7 @@ def test_warm_partial_fit_takes_changed_optimizer_parameters(data, client):
     fits = []
     for backend in (PS, AR):
         est = DaskClassifier(optimizer=torch.optim.SGD, optimizer__momentum=0.9, batch_size=64, random_state=0,
-                             backend=backend)
+                             backend=backend, min_workers=2)
         est.partial_fit(X, y)
         est.set_params(optimizer__weight_decay=0.5, optimizer__lr=0.05)
         est.partial_fit(X, y)
@@ -175,7 +176,7 @@ def test_warm_partial_fit_takes_changed_optimizer_parameters(data, client):
 def test_non_finite_loss_keeps_the_last_finite_weights(data, client):
     X, y = data
     est = DaskClassifier(optimizer=torch.optim.SGD, optimizer__lr=1e6, batch_size=64, max_epochs=50, backend=AR,
-                         random_state=0)
+                         random_state=0, min_workers=2)
     with pytest.raises(ConvergenceError, match="Non-finite training loss"):
         est.fit(X, y)
     assert np.isfinite(_weights(est)).all()
@@ -215,7 +216,8 @@ def test_a_joining_worker_gets_the_state_and_the_result_is_the_same(data):
     """A worker added mid-fit joins the next generation with rank 0's weights and optimizer state;
     all replicas end bitwise equal, and the trajectory is the parameter server's."""
     X, y = data
-    params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "random_state": 0, "scale_cluster": False}
+    params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "random_state": 0, "scale_cluster": False,
+              "min_workers": 3}  # the batch on every worker there is
     with _cluster(2) as cluster, Client(cluster) as client:
         _Clusters.current, _Clusters.client = cluster, client
         calm = DaskClassifier(batch_size=32, max_epochs=2, client=client, **params).fit(X, y)
@@ -322,7 +324,7 @@ def test_sigkill_inside_a_collective_recomputes_the_update(data, tmp_path, caplo
     marker = str(tmp_path / "kill-now")
     params = {"module": KillInBackward, "module__marker": marker, "optimizer": torch.optim.SGD,
               "optimizer__momentum": 0.9, "batch_size": 48, "max_epochs": 3, "random_state": 4, "scale_cluster": False,
-              "backend": AR}
+              "backend": AR, "min_workers": 3}
     with dask.config.set({"adadamp.allreduce.bucket-mb": 0.001}), _cluster(3) as cluster, Client(cluster) as client:
         calm = DaskClassifier(client=client, **params).fit(X, y)
         with caplog.at_level(logging.WARNING, logger="adadamp"):
@@ -354,7 +356,7 @@ def test_members_that_do_not_talk_to_the_dead_worker_give_up_at_once(data):
     within the test's timeout, with the undisturbed weights."""
     X, y = data
     params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "batch_size": 64, "max_epochs": 2,
-              "random_state": 1, "scale_cluster": False, "backend": AR, "update_timeout": 1300.0}
+              "random_state": 1, "scale_cluster": False, "backend": AR, "update_timeout": 1300.0, "min_workers": 4}
     with dask.config.set({"adadamp.allreduce.timeout": 600.0}), _cluster(4) as cluster, Client(cluster) as client:
         _Clusters.current, _Clusters.client = cluster, client
         calm = DaskClassifier(client=client, **params).fit(X, y)
@@ -392,7 +394,8 @@ def test_a_member_lost_while_forming_a_group_costs_the_abort_time(data, tmp_path
     marker = str(tmp_path / "die-in-rendezvous")
     timeout = 120.0
     params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "batch_size": 48, "max_epochs": 2,
-              "random_state": 6, "scale_cluster": False, "backend": AR, "update_timeout": 2.5 * timeout}
+              "random_state": 6, "scale_cluster": False, "backend": AR, "update_timeout": 2.5 * timeout,
+              "min_workers": 3}
     with dask.config.set({"adadamp.allreduce.timeout": timeout}), _cluster(3) as cluster, Client(cluster) as client:
         start = time.perf_counter()
         calm = DaskClassifier(client=client, **params).fit(X, y)

@@ -252,7 +252,7 @@ def data():
 
 
 def _fit(X, y):
-    est = DaskClassifier(module__hidden=(16,), max_epochs=3, batch_size=24, random_state=3)
+    est = DaskClassifier(module__hidden=(16,), max_epochs=3, batch_size=24, random_state=3, min_workers=2)
     return est.fit(X, y)
 
 
@@ -327,7 +327,8 @@ def test_gradient_threads_do_not_preempt_the_client(client, data):
     X, y = data
     POLICIES.clear()
     est = DaskClassifier(
-        module__hidden=(16,), max_epochs=1, batch_size=48, random_state=0, callbacks=[("p", RecordPolicies())]
+        module__hidden=(16,), max_epochs=1, batch_size=48, random_state=0, callbacks=[("p", RecordPolicies())],
+        min_workers=2,  # on both workers
     )
     est.fit(X, y)
     n_workers = len(client.scheduler_info()["workers"])

@@ -95,7 +95,7 @@ def test_blocks_go_where_dask_holds_them(client, clf_arrays):
     dX, dy = client.persist([da.from_array(X, chunks=50), da.from_array(y, chunks=50)])
     wait([dX, dy])
     before = client.who_has(client.futures_of(dX))
-    est = DaskClassifier(max_epochs=1, random_state=0, batch_size=64).fit(dX, dy)
+    est = DaskClassifier(max_epochs=1, random_state=0, batch_size=64, min_workers=2).fit(dX, dy)  # both workers
     assert est.meta_["n_samples_seen"] == 300
     assert client.who_has(client.futures_of(dX)) == before  # no partition was copied elsewhere
 
@@ -125,7 +125,8 @@ def test_a_killed_workers_partitions_are_recomputed_from_their_lineage():
     ):
         X = da.random.RandomState(0).normal(size=(400, 5), chunks=50).astype(np.float32)
         y = X.sum(axis=1)
-        est = DaskRegressor(client=c, max_epochs=3, batch_size=40, random_state=0, callbacks=[KillAWorker()])
+        est = DaskRegressor(client=c, max_epochs=3, batch_size=40, random_state=0, min_workers=2,
+                            callbacks=[KillAWorker()])
         est.fit(X, y)
         updates = [u for row in est.history_ for u in row["updates"]]
         assert est.meta_["n_samples_seen"] == 3 * 400 and len(updates) == 30
@@ -195,5 +196,5 @@ def test_workers_hold_each_example_once(client):
     wait(halves)
     X = da.concatenate([h[0] for h in halves])
     y = da.concatenate([h[1] for h in halves])
-    DaskRegressor(max_epochs=1, batch_size=40, random_state=0, callbacks=[Look()]).fit(X, y)
+    DaskRegressor(max_epochs=1, batch_size=40, random_state=0, min_workers=2, callbacks=[Look()]).fit(X, y)
     assert len(seen) == 8 and all(seen), seen  # 8 partitions, each one a view of Dask's own array

@@ -109,7 +109,7 @@ def test_cluster_grows_with_geodamp_and_shrinks(data):
 def test_sigkilled_workers_do_not_change_the_result(data):
     """Kill one worker, then another; the nanny restarts them under new addresses."""
     X, y = data
-    params = {"max_epochs": 3, "random_state": 3, "scale_cluster": False}
+    params = {"max_epochs": 3, "random_state": 3, "scale_cluster": False, "min_workers": 3}  # the batch on every worker
     with _cluster(3) as cluster, Client(cluster) as client:
         calm = DaskClassifier(batch_size=32, client=client, **params).fit(X, y)
         pids = list(client.run(os.getpid).values())
@@ -193,7 +193,8 @@ def test_worker_added_mid_fit_is_used(data):
     X, y = data
     with _cluster(1) as cluster, Client(cluster) as client:
         _CLUSTERS.update(current=cluster, client=client)
-        est = DaskClassifier(batch_size=AddAt(batch_size=32), client=client, max_epochs=2, random_state=0)
+        est = DaskClassifier(batch_size=AddAt(batch_size=32), client=client, max_epochs=2, random_state=0,
+                             min_workers=2)  # the batch wants 2 workers: the one added is taken
         est.fit(X, y)
     workers = _workers_per_update(est)
     assert workers[0] == 1 and workers[-1] == 2
@@ -234,7 +235,7 @@ def test_a_joining_worker_is_set_up_off_the_training_path(data):
     with _cluster(1) as cluster, Client(cluster) as client:
         _CLUSTERS.update(current=cluster, client=client)
         est = DaskClassifier(module=SlowToBuild, batch_size=32, max_epochs=12, client=client, random_state=0,
-                             callbacks=[("scale", ScaleAt())]).fit(X, y)
+                             min_workers=2, callbacks=[("scale", ScaleAt())]).fit(X, y)
     updates = [u for row in est.history_ for u in row["updates"]]
     workers = [u["n_workers"] for u in updates]
     joined = workers.index(2)
@@ -309,7 +310,8 @@ def test_all_workers_gone_raises_after_timeout_and_keeps_weights(data):
     X, y = data
     with _cluster(2) as cluster, Client(cluster) as client:
         _CLUSTERS["action"] = lambda: cluster.scale(0)
-        est = DaskClassifier(batch_size=Act(at=5), client=client, worker_timeout=2, max_epochs=2, random_state=0)
+        est = DaskClassifier(batch_size=Act(at=5), client=client, worker_timeout=2, max_epochs=2, random_state=0,
+                             min_workers=2)
         with pytest.raises(NoWorkersError, match="worker_timeout=2"):
             est.fit(X, y)
     assert est.loop_.n_updates >= 5  # retiring takes a moment
@@ -363,7 +365,7 @@ def test_a_killed_worker_leaves_every_update_bitwise_unchanged():
     X, y = make_classification(n_samples=512, n_features=8, n_informative=6, random_state=2)
     y = (y - y.mean()).astype(np.float32)
     params = {"module__hidden": (32,), "optimizer": torch.optim.SGD, "optimizer__lr": 0.05,
-              "optimizer__momentum": 0.9, "max_epochs": 3, "random_state": 0}
+              "optimizer__momentum": 0.9, "max_epochs": 3, "random_state": 0, "min_workers": 3}  # on every worker
     with _cluster(3) as cluster, Client(cluster) as client, dask.config.set({"adadamp.debug.digests": True}):
         calm = DaskRegressor(batch_size=32, client=client, **params).fit(X, y)
         pids = list(client.run(os.getpid).values())

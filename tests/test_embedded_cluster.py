@@ -98,7 +98,7 @@ def test_a_fit_on_a_larger_warm_cluster_uses_the_workers_it_wants(data):
 
 def test_the_warm_cluster_trains_after_one_of_its_workers_was_killed(data):
     X, y = data
-    params = {**PARAMS, "scale_cluster": False}  # max_workers=2 throughout
+    params = {**PARAMS, "scale_cluster": False, "min_workers": 2}  # 2 workers throughout
     before = DaskRegressor(**params).fit(X, y)
     assert before.history_[-1]["n_workers"] == 2
     cluster = embedded_cluster()

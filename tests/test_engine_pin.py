@@ -42,18 +42,19 @@ def _digest(est) -> str:
 
 
 def _fits() -> dict[str, str]:
+    """The pinned fits, on the fixture's two workers (min_workers=2: their batches want one)."""
     X, y = make_classification(n_samples=300, n_features=10, n_informative=6, n_classes=3, random_state=0)
     X = X.astype(np.float32)
     runs = {
         "geodamp-sgd": DaskClassifier(
             module__hidden=(16,), optimizer=torch.optim.SGD, optimizer__lr=0.05, optimizer__momentum=0.9,
-            batch_size=GeoDamp(initial=16, delay=1, factor=2), max_epochs=3, random_state=0,
+            batch_size=GeoDamp(initial=16, delay=1, factor=2), max_epochs=3, random_state=0, min_workers=2,
         ),
         "adascale-dropout": DaskClassifier(
             module=DropoutNet, optimizer=torch.optim.SGD, optimizer__lr=0.05,
-            batch_size=AdaScale(batch_size=64, base_batch_size=16), max_epochs=2, random_state=1,
+            batch_size=AdaScale(batch_size=64, base_batch_size=16), max_epochs=2, random_state=1, min_workers=2,
         ),
-        "adam-constant": DaskClassifier(module__hidden=(16,), batch_size=32, max_epochs=2, random_state=2),
+        "adam-constant": DaskClassifier(module__hidden=(16,), batch_size=32, max_epochs=2, random_state=2, min_workers=2),
     }
     return {name: _digest(est.fit(X, y)) for name, est in runs.items()}
 

@@ -178,7 +178,7 @@ def test_fit_restarts_unless_warm_start(client, clf_data):
 
 def test_history_rows(client, reg_data):
     X, y = reg_data
-    est = DaskRegressor(max_epochs=2, batch_size=64, random_state=0).fit(X, y)
+    est = DaskRegressor(max_epochs=2, batch_size=64, random_state=0, min_workers=2).fit(X, y)
     row = est.history_[-1]
     for key in ("epoch", "train_loss", "batch_size", "lr", "n_workers", "n_updates", "n_samples_seen", "dur"):
         assert key in row

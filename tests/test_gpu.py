@@ -50,7 +50,7 @@ def gpus():
 
 def _params(**kw) -> dict:
     return {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "batch_size": 32, "max_epochs": 2,
-            "random_state": 0, "scale_cluster": False, **kw}
+            "random_state": 0, "scale_cluster": False, "grads_per_worker": 1, **kw}  # the batch on every GPU worker
 
 
 def _weights(est) -> np.ndarray:

@@ -76,7 +76,7 @@ def test_augmentation_is_reproducible_whatever_the_workers(client, digits):
     weights (up to float summation order) on one worker as on two."""
     X, y = digits
     ds = ClientForbidden(X, y, noise=0.1)
-    kwargs = {"max_epochs": 2, "batch_size": 64, "random_state": 1}
+    kwargs = {"max_epochs": 2, "batch_size": 64, "random_state": 1, "min_workers": 2}  # on every worker, up to 2
     a = DaskClassifier(**kwargs).fit(ds)
     b = DaskClassifier(**kwargs).fit(ds)
     np.testing.assert_array_equal(_weights(a), _weights(b))

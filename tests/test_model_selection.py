@@ -113,7 +113,7 @@ def test_joblib_dask_backend_fits_on_the_workers(client, digits):
     scoring = {"accuracy": "accuracy", "on_worker": _on_worker, "n_workers": _n_workers}
 
     def search():
-        return GridSearchCV(DaskClassifier(max_epochs=2, random_state=0), grid, cv=2, scoring=scoring,
+        return GridSearchCV(DaskClassifier(max_epochs=2, random_state=0, min_workers=2), grid, cv=2, scoring=scoring,
                             refit="accuracy", error_score="raise")
 
     with joblib.parallel_backend("dask"):

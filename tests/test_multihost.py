@@ -44,7 +44,8 @@ def data():
 
 def _params(backend, **kw) -> dict:
     return {"backend": backend, "optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "batch_size": 32,
-            "max_epochs": 2, "random_state": 0, "scale_cluster": False, **kw}
+            "max_epochs": 2, "random_state": 0, "scale_cluster": False,
+            "grads_per_worker": 1, **kw}  # the batch on every worker (host) there is
 
 
 def _weights(est) -> np.ndarray:

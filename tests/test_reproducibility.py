@@ -43,6 +43,7 @@ PARAMS = {
     "batch_size": 32,
     "max_epochs": 3,
     "random_state": 7,
+    "min_workers": 2,  # the batch on both workers of the clusters below
 }
 
 

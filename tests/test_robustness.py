@@ -194,7 +194,7 @@ def test_a_hung_worker_costs_one_update_timeout_then_is_left_out(data):
         pids = client.run(os.getpid)
         frozen = pids[sorted(pids)[1]]
         est = DaskRegressor(max_epochs=3, batch_size=32, update_timeout=2, random_state=0, client=client,
-                            callbacks=[("freeze", Freeze(pid=frozen))])
+                            min_workers=2, callbacks=[("freeze", Freeze(pid=frozen))])
         start = time.monotonic()
         try:
             est.fit(X, y)

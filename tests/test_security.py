@@ -88,7 +88,7 @@ def test_shared_memory_is_one_private_directory_removed_after_the_fit(client, da
     root.mkdir()
     look = LookAtSharedMemory(root=str(root))
     with dask.config.set({"adadamp.shm-dir": str(root)}):
-        est = DaskRegressor(max_epochs=1, random_state=0, callbacks=[("look", look)]).fit(X, y)
+        est = DaskRegressor(max_epochs=1, random_state=0, min_workers=2, callbacks=[("look", look)]).fit(X, y)
     seen = dict(est.callbacks_)["look"].seen_
     dirs = [p for p in seen if p.parent == root]
     assert len(dirs) == 1 and seen[dirs[0]] == 0o700, seen

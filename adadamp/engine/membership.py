@@ -4,9 +4,14 @@ for more or fewer.
 Each look at the scheduler's worker list (at most every ``MEMBERSHIP_INTERVAL``, or at once when
 a worker is lost) drops the workers that left, sets up the ones that joined (in the background
 while training runs elsewhere) and hands the new worker list to ``place`` (the engine moves the
-data blocks).  Workers whose set-up keeps failing, or that hang, are left out of the fit.  The
-cluster is scaled to the number of workers the batch size calls for (:mod:`adadamp.cluster` has
-the policy and the Dask calls).
+data blocks).  Workers whose set-up keeps failing, or that hang, are left out of the fit.
+
+On any cluster a fit trains on the workers its batch wants (:meth:`Membership.follow`:
+``clip(ceil(B / grads_per_worker), min_workers, max_workers)`` or the damper's choice), and leaves
+the others free.  Workers a coming batch will want (the schedule read ahead) are set up in the
+background beforehand and wait on *standby*, so that a growing batch takes them at once.  With
+``scale_cluster`` the cluster is also asked for the workers the schedule wants about one worker
+start ahead (:mod:`adadamp.cluster` has the policy and the Dask calls).
 """
 
 from __future__ import annotations
@@ -62,7 +67,14 @@ class Membership:
         self.lost_in_rounds: list[str] = []  # workers an update's rounds lost (dead or not answering); the engine clears it
         self.set_up: set[str] = set()  # workers that may hold this fit's state (released at the end)
         self.requested: int | None = None
-        self.limit: int | None = None  # a shared cluster: the most workers this fit uses (the rest serve others)
+        self.limit: int | None = None  # the most workers this fit trains on (None: all it finds)
+        self.ready = 0  # the most workers set up for it (those beyond ``limit`` wait on standby)
+        self.standby: list[str] = []  # set up and connected, not training (a coming batch wants them)
+        self.waits = 0  # updates that waited for workers a scaled cluster was asked for (none when asked early enough)
+        self.cold_joins = 0  # workers set up while an update waited for them (none when on standby beforehand)
+        self.start_latency: float | None = None  # seconds from asking the cluster for workers to their arrival (measured)
+        self._asked: tuple[float, int] | None = None  # (when, how many) the latest growth asked for, until they came
+        self._look_now = False  # the workers wanted rose: look at the next refresh, whatever the interval
         self._last_refresh = -math.inf
         self._known: set[str] | None = None  # live workers at the last full look
         self._latest: dict | BaseException | None = None  # the watcher's latest report
@@ -115,14 +127,14 @@ class Membership:
         """The worker list after this look (None: nothing to look at yet)."""
         now = time.monotonic()
         set_up = self._pending is not None and self._pending[1].done()  # joiners ready: take them now
-        if not force and not lost and not set_up:
+        if not force and not lost and not set_up and not self._look_now:
             if now - self._last_refresh < MEMBERSHIP_INTERVAL:
                 return None
             latest = self._latest
             if isinstance(latest, dict) and set(latest) == self._known:
                 self._last_refresh = now
                 return None  # nothing changed; lost workers show up on their channel or RPC at once
-        self._last_refresh = now
+        self._last_refresh, self._look_now = now, False
         try:
             live = cl.live_workers(self.client)
         except LOST as err:
@@ -131,15 +143,20 @@ class Membership:
                 "A scheduler cannot be replaced during a fit: the estimator keeps the last good weights; "
                 "start a new cluster and resume with checkpoint=... (or warm_start=True)."
             ) from err
+        self._note_arrivals(len(live))
         survivors = [w for w in self.workers if w in live and w not in lost]
         for w in set(self.workers) - set(survivors):
             self.transport.forget(w)
+        standby = [w for w in self.standby if w in live and w not in lost]
+        for w in set(self.standby) - set(standby):
+            self.transport.forget(w)
         pending = self._pending[0] if self._pending else []
         joined = sorted(
-            w for w in live if w not in self.workers and w not in lost and w not in pending and not self.quarantined(w)
+            w for w in live
+            if w not in self.workers and w not in standby and w not in lost and w not in pending and not self.quarantined(w)
         )
-        if self.limit is not None:
-            joined = joined[: max(0, self.limit - len(survivors) - len(pending))]
+        if self.limit is not None:  # set up as many as the coming batches want (in use, on standby or being set up)
+            joined = joined[: max(0, max(self.limit, self.ready) - len(survivors) - len(standby) - len(pending))]
         # While training runs on other workers, joiners are set up in the background and take part
         # from the first look after their set-up is done (a slow set-up never stalls an update).
         background = not force and not lost and bool(survivors)
@@ -158,7 +175,16 @@ class Membership:
                 joined, failed = ok, failed + bad
         for w in [w for w in ready if w not in live or w in lost]:  # set up, but gone meanwhile
             self.transport.forget(w)
-        joined = sorted({*joined, *(w for w in ready if w in live and w not in lost)})
+        # Set up (now or earlier): train on as many as the batch wants, the others wait on standby.
+        cold = set(joined)  # set up while this update waited
+        standby = [*standby, *sorted({*joined, *(w for w in ready if w in live and w not in lost)})]
+        room = len(standby) if self.limit is None else max(0, self.limit - len(survivors))
+        joined, self.standby = standby[:room], standby[room:]
+        if joined and survivors:
+            n_cold = len(cold.intersection(joined))
+            self.cold_joins += n_cold
+            logger.info("update %d: %d worker(s) join, %d set up while the update waited",
+                        self._n_updates(), len(joined), n_cold)
         # Look again at the next interval if anyone was left out; else only when the membership changes.
         self._known = None if lost or failed or self._pending else set(live)
         names = {str(info.get("name")) for a, info in live.items() if a not in lost}
@@ -196,6 +222,14 @@ class Membership:
             plan = getattr(getattr(self.client, "cluster", None), "plan", None)
             n = len(plan) if isinstance(plan, set | frozenset | dict | list) else 0
         return n if self.limit is None else min(n, self.limit)
+
+    def _note_arrivals(self, n_live: int) -> None:
+        """Measure how long the cluster took to bring the workers the latest growth asked for."""
+        if self._asked is not None and n_live >= self._asked[1]:
+            seconds = time.monotonic() - self._asked[0]
+            self.start_latency = seconds if self.start_latency is None else max(0.5 * self.start_latency, seconds)
+            logger.info("the cluster brought the %d workers asked for in %.1f s", self._asked[1], seconds)
+            self._asked = None
 
     def _change_to(self, new: list[str]) -> tuple[str, ...]:
         """Place the data on ``new``; returns the workers that could not take their blocks."""
@@ -286,15 +320,28 @@ class Membership:
         """Workers wanted for ``batch_size``: the damper's choice (``prefer``) or the policy's."""
         return self.policy.wanted(batch_size, self._prefer(batch_size))
 
-    def scale_for(self, batch_size: int, ahead: int) -> None:
-        """Size the cluster for ``max(batch_size, ahead)``, wait (bounded, once) for what
-        ``batch_size`` needs, and ask again for workers that stay missing.  On a shared cluster the
-        fit uses what ``batch_size`` wants, whatever the cluster has (the same as on its own)."""
-        self.scale_to(self.wanted(max(batch_size, ahead)))
-        if self.policy.shared:
-            self._use(self.wanted(batch_size))
-        self._wait_for_growth(self.wanted(batch_size))
-        if len(self.workers) < ((self.requested or 0) if self.limit is None else self.limit):
+    def follow(self, batch_size: int, ahead: int) -> None:
+        """Train on the workers ``batch_size`` wants and set up beforehand those ``ahead`` (the
+        largest batch the schedule names within about one worker start) wants.
+
+        With ``scale_cluster`` the cluster is sized for ``ahead`` too; when the batch outgrew the
+        workers there are anyway, wait (bounded, once per size) for those asked for, and ask again
+        for workers that stay missing.  On a cluster that is not scaled the fit takes the idle
+        workers it wants at once (set up now if they were not on standby).
+        """
+        n, n_ahead = self.wanted(batch_size), self.wanted(max(batch_size, ahead))
+        if n >= (self.limit or 0):  # while the batch does not shrink, what was asked for stays asked for
+            n_ahead = max(n_ahead, self.ready)
+        if self.policy.scale:
+            self.scale_to(n_ahead)
+        if n_ahead != self.ready:
+            self.ready = n_ahead
+            self._known, self._look_now = None, True  # idle workers to set up: look at the next refresh
+        self._use(n)
+        self._wait_for_growth(n)
+        if not self.policy.scale:
+            return
+        if len(self.workers) < self.limit:
             self._short_since = min(self._short_since, time.monotonic())
             self.heal()
         else:
@@ -303,28 +350,35 @@ class Membership:
     def scale_to(self, n: int) -> None:
         if n == self.requested:
             return
+        latest = self._latest if isinstance(self._latest, dict) else cl.live_workers(self.client)
+        if n > len(latest) and self._asked is None:  # workers to start: time their arrival
+            self._asked = (time.monotonic(), n)
+        ours = self.workers + self.standby  # the cluster's workers, those training first, then those set up
+        live = ours + [w for w in latest if w not in ours]
         if self.policy.shared:  # other fits may use its workers: grow it, never retire one
             cl.request_workers(self.client, n)
             logger.info("asked the shared cluster for at least %d workers", n)
             self.requested = n
             return
-        live = list(self.workers) or list(cl.live_workers(self.client))
         if n < len(live) and self.workers:
-            victims = self.workers[n:]
-            lost = self._change_to(self.workers[:n])
-            if lost:
-                self.refresh(force=True, lost=lost)
+            victims = live[n:]
+            if len(self.workers) > n:
+                self._use(n)  # their data moves to the others first
+            self.standby = [w for w in self.standby if w not in victims]
+            for w in victims:
+                self.transport.forget(w)
             cl.retire(self.client, victims, n)
         elif n > len(live) and not cl.request_workers(self.client, n):
             logger.warning("the Dask client has no cluster to scale; using the workers it has")
             self.policy = dataclasses.replace(self.policy, scale=False)
+            self._asked = None
             return
         logger.info("asked the cluster for %d workers (%d live)", n, len(live))
         self.requested = n
 
     def _use(self, n: int) -> None:
-        """Train on ``n`` of a shared cluster's workers: leave the last ones (they stay in the
-        cluster), or let idle ones join at the next look."""
+        """Train on ``n`` workers: the last ones go on standby (they stay set up, and in the
+        cluster), or standby and idle workers join at the next look."""
         if n == self.limit:
             return
         self.limit = n
@@ -332,16 +386,24 @@ class Membership:
         if n < len(self.workers):
             left = self.workers[n:]
             lost = self._change_to(self.workers[:n])
-            for w in left:
-                self.transport.forget(w)
+            self.standby = [*left, *self.standby]
             if lost:
                 self.refresh(force=True, lost=lost)
 
     def _wait_for_growth(self, wanted: int) -> None:
-        """When the batch outgrows the cluster, wait (bounded, once) for the workers asked for."""
-        if len(self.workers) >= wanted or self._waited_for >= wanted:
+        """When the batch outgrows the workers training, take the workers on standby now, and,
+        once per size, set up idle ones (waiting, bounded, for those a scaled cluster was asked for)."""
+        if len(self.workers) >= wanted:
             return
-        self._waited_for = wanted
-        with contextlib.suppress(TimeoutError):
-            self.client.wait_for_workers(wanted, timeout=self.policy.scale_wait)
-        self.refresh(force=True)
+        if self._waited_for < wanted:
+            self._waited_for = wanted
+            latest = self._latest if isinstance(self._latest, dict) else {}
+            if self.policy.scale and len(latest) < wanted and len(live := cl.live_workers(self.client)) < wanted:
+                self.waits += 1
+                logger.info("update %d: the batch wants %d workers, the cluster has %d; waiting up to %.0f s",
+                            self._n_updates(), wanted, len(live), self.policy.scale_wait)
+                with contextlib.suppress(TimeoutError):
+                    self.client.wait_for_workers(wanted, timeout=self.policy.scale_wait)
+            self.refresh(force=True)
+        elif self.standby:
+            self.refresh(force=True)

@@ -133,7 +133,7 @@ def params(epochs: int, workload: str = "sgd-momentum", backend: str = "ps") -> 
     """The estimator's parameters for ``workload`` on ``backend`` (``ps`` or ``allreduce``)."""
     p = {"module__hidden": (64,), "optimizer": torch.optim.SGD, "optimizer__lr": 0.01, "optimizer__momentum": 0.9,
          "batch_size": BATCH_SIZE, "max_epochs": epochs, "random_state": 0, "scale_cluster": False,
-         "backend": BACKENDS[backend]}
+         "grads_per_worker": 1, "backend": BACKENDS[backend]}  # grads_per_worker=1: the batch on every worker there is
     if workload == "adam":
         del p["optimizer__momentum"]
         p.update(optimizer=torch.optim.Adam, optimizer__lr=1e-3)

@@ -14,10 +14,12 @@ computed and where the step is taken (the abstract methods).
 from __future__ import annotations
 
 import abc
+import collections
 import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -52,6 +54,14 @@ logger = logging.getLogger(__name__)
 #: Batches a lazy Dataset's workers are asked to load ahead: with one, a worker whose loads
 #: finished before the next request idled until it came (measured: 1.25x against 1.1x with two).
 PREFETCH_BATCHES = 2
+
+#: Seconds a worker takes from the cluster's request to taking part, before a fit measured it: a Dask
+#: worker process importing torch takes 2-10 s (the schedule is read this far ahead; see ``_ahead``).
+WORKER_START = 10.0
+#: The most epochs the schedule is read ahead.
+MAX_LOOKAHEAD_EPOCHS = 100
+#: Updates whose median time clocks the schedule read ahead.
+RECENT_UPDATES = 32
 
 
 @dataclasses.dataclass
@@ -133,6 +143,8 @@ class Backend(abc.ABC):
         self.fit_id = f"adadamp-{uuid.uuid4().hex}"
         self.n_shards: int | None = None  # what each update is cut into (set at the first placement)
         self.speeds = Speeds()  # each worker's measured throughput (speed-based shares, stragglers)
+        self._recent = collections.deque(maxlen=RECENT_UPDATES)  # seconds of the latest updates (the schedule's clock)
+        self._resizing: int | None = None  # the batch the workers are being sized for (between updates)
         self._bound = False  # the module's parameters are views of the backend's buffers
         mark_base_lr(optimizer)
 
@@ -221,8 +233,7 @@ class Backend(abc.ABC):
             self.client, self._policy, transport, setup=self._setup_request, place=self._place,
             n_updates=lambda: self.loop.n_updates, prefer=lambda batch_size: self.damper.workers_for(batch_size),
         )
-        if self._policy.shared:  # as many workers as on a cluster of its own (the embedded one's start)
-            self.members.limit = self._policy.first_workers(self.damper.forecast_batch_size(self.loop.epoch))
+        self.members.limit = self._first_workers()  # on any cluster: as many workers as the first batch wants
         self.transport = transport
         cl.ensure_plugin(self.client, TrainerPlugin, TrainerPlugin.name, register=cl.register_worker_plugin)
         stack.callback(self.members.release)
@@ -242,13 +253,24 @@ class Backend(abc.ABC):
             torch.set_num_threads(1)
 
     def _size_cluster(self) -> None:
-        """The cluster policy of this damper, and the cluster sized for its first batch."""
+        """The cluster policy of this damper, the workers its first batch wants, and the cluster
+        sized for the batches of the first ``prescale_epochs``."""
         self.members.policy = self._policy
         if self._policy.scale and self.damper.follows_workers:
             self.members.policy = dataclasses.replace(self._policy, scale=False)  # B follows W: never size W from B
+        self.members._use(self._first_workers())
         batch = self.damper.forecast_batch_size(self.loop.epoch)  # None: the first update sizes the cluster
         if self.policy.scale and batch:
-            self.members.scale_to(self.members.wanted(int(batch)))
+            ahead = self.damper.forecast_batch_size(self.loop.epoch + self.policy.prescale_epochs) or 0
+            self.members.scale_to(self.members.wanted(max(int(batch), int(ahead))))
+
+    def _first_workers(self) -> int:
+        """The workers a fit starts on: those its first batch wants (the damper's forecast); else
+        ``max_workers`` (the first update decides; a damper that follows the workers keeps it)."""
+        batch = self.damper.forecast_batch_size(self.loop.epoch)
+        if batch and not self.damper.follows_workers:
+            return self.members.wanted(int(batch))
+        return self._policy.max_workers
 
     def _setup_request(self, worker: str) -> SetupRequest:
         """A worker's set-up: the module and criterion, and its shared-memory offer (made now)."""
@@ -328,26 +350,29 @@ class Backend(abc.ABC):
 
     def _placement_shards(self, new_workers: list[str]) -> int:
         """The shards of a placement on ``new_workers``: the fit's (a lost worker's shards go to the
-        others); only the first placement and :meth:`_reshard`, between updates, set them."""
-        if not self.n_shards:
-            self.n_shards = self._target_shards(workers=new_workers)
+        others); only the first placement and the placements between updates that size the workers
+        for the next batch (:meth:`_resize`; the data then moves once) set them."""
+        if not self.n_shards or self._resizing is not None:
+            self.n_shards = self._target_shards(self._resizing, workers=new_workers)
         return self.n_shards
 
     def _target_shards(self, batch_size: int | None = None, workers: list[str] | None = None) -> int:
         """The shards an update of ``batch_size`` examples is cut into.
 
-        Scaling the cluster: the workers the policy wants for the batch (the schedule decides, not
-        the workers that came).  Otherwise the most workers this fit has had, or that the client's
-        cluster plans (workers restarting included): never fewer when workers are lost, so a lost
-        worker changes no update; more only when more workers take part than there are shards.
+        The workers the batch wants (the schedule decides, not the workers that came) when the fit
+        scales the cluster; on a cluster it does not scale, no more than it has: the most workers
+        this fit has had, or that the client's cluster plans (workers restarting included), never
+        fewer when workers are lost, so a lost worker changes no update; more only when more
+        workers take part than there are shards.  A damper that follows the workers: the latter.
         With speed-based shares, :meth:`_shards_per_worker` times that (at most one per block).
         """
         workers = self.workers if workers is None else workers
-        if self.policy.scale:
-            batch = batch_size or self.damper.forecast_batch_size(self.loop.epoch)
-            if batch:
-                return self._finer(self.members.wanted(int(batch)))
-        return max(self.n_shards or 0, self._finer(max(len(workers), self.members.planned(), 1)))
+        most = max(self.n_shards or 0, self._finer(max(len(workers), self.members.planned(), 1)))
+        batch = batch_size or self.damper.forecast_batch_size(self.loop.epoch)
+        if batch and not self.damper.follows_workers:
+            wanted = self._finer(self.members.wanted(int(batch)))
+            return wanted if self.policy.scale else min(wanted, most)
+        return most
 
     def _finer(self, n_shards: int) -> int:
         """``n_shards`` cut :meth:`_shards_per_worker` times finer, at most one shard per block."""
@@ -364,13 +389,45 @@ class Backend(abc.ABC):
             self._independent = examples_independent(self.module)
         return SHARDS_PER_WORKER if self._independent else COUPLED_SHARDS_PER_WORKER
 
-    def _reshard(self, batch_size: int) -> None:
-        """Cut the coming updates into the shards :meth:`_target_shards` names (between updates only)."""
-        n_shards = self._target_shards(batch_size)
-        if n_shards != self.n_shards and self.workers:
-            logger.info("update %d: %d shards (were %s)", self.loop.n_updates, n_shards, self.n_shards)
-            self.n_shards = n_shards
-            self.members.replace()
+    def _ahead(self, batch_size: int) -> int:
+        """The largest batch the schedule names before workers asked for now could take part: within
+        ``prescale_epochs``, and, scaling the cluster, within one worker start (measured, else
+        ``WORKER_START`` seconds),
+        the coming epochs timed at the median of the latest updates (an update costs about the same
+        at any batch when the workers grow with it).  0 where the damper has no forecast."""
+        lp, forecast = self.loop, self.damper.forecast_batch_size
+        ahead = forecast(lp.epoch + self.policy.prescale_epochs) or 0
+        if not ahead or not self._recent or not self.policy.scale:  # no worker to start: set-ups take less
+            return ahead
+        seconds = float(np.median(self._recent))
+        horizon = self.members.start_latency or WORKER_START
+        left = (lp.epoch_end() - lp.progress) / batch_size * seconds  # the rest of this epoch
+        epoch = math.floor(lp.epoch + 1e-9) + 1
+        for _ in range(MAX_LOOKAHEAD_EPOCHS):
+            if left >= horizon:
+                break
+            batch = forecast(epoch)
+            if not batch:
+                break
+            ahead = max(ahead, int(batch))
+            left += math.ceil(lp.n_data / batch) * seconds
+            epoch += 1
+        return ahead
+
+    def _resize(self, batch_size: int) -> None:
+        """Train the coming update on the workers ``batch_size`` wants (:meth:`Membership.follow`),
+        cut into the shards :meth:`_target_shards` names (between updates only): a placement on
+        the new workers cuts them at once, else the data is placed again on the same workers."""
+        self._resizing = batch_size
+        try:
+            if not self.damper.follows_workers:
+                self.members.follow(batch_size, self._ahead(batch_size))
+            n_shards = self._target_shards(batch_size)
+            if n_shards != self.n_shards and self.workers:
+                logger.info("update %d: %d shards (were %s)", self.loop.n_updates, n_shards, self.n_shards)
+                self.members.replace()
+        finally:
+            self._resizing = None
 
     def _check_memory(self, owner: list[str], workers: list[str]) -> None:
         """Refuse a fit's first placement when it gives a worker more examples than its
@@ -391,7 +448,8 @@ class Backend(abc.ABC):
                 error = ValueError(
                     f"The training data needs {format_bytes(needed)} per worker on {len(workers)} worker(s) "
                     f"({examples[w]} examples of {per_example} bytes on {w}), more than its memory_limit "
-                    f"of {format_bytes(limit)}. Use more workers, workers with a larger "
+                    f"of {format_bytes(limit)}. Use more workers (min_workers=...: a fit trains on the workers its "
+                    "batch wants), workers with a larger "
                     "memory_limit, or pass a torch Dataset as X (read example by example, never held whole)."
                 )
                 may_grow = self.policy.scale and len(workers) < self.policy.max_workers
@@ -411,10 +469,7 @@ class Backend(abc.ABC):
         batch_size = int(self.damper.next_batch_size(state))
         if batch_size < 1:
             raise ValueError(f"{type(self.damper).__name__} asked for batch size {batch_size}; it must be >= 1.")
-        if self.policy.scale:
-            ahead = self.damper.forecast_batch_size(state.epoch + self.policy.prescale_epochs) or 0
-            self.members.scale_for(batch_size, ahead)
-        self._reshard(batch_size)
+        self._resize(batch_size)
         epoch, start = self.loop.data_epoch, self.loop.position
         idx = self.sampler.take(batch_size)
         ahead = None
@@ -459,6 +514,7 @@ class Backend(abc.ABC):
         lr = self._step(plan)
         t_step = time.perf_counter()
         self.loop.advance(n, plan.progress, loss)
+        self._recent.append(t_step - t_start)
         record = self._record(n, lr, loss, total, t_start, t_sent, t_back, t_agg, t_step)
         self.damper.observe(record)
         return {**record.row(), **self.damper.explain()}
