@@ -126,7 +126,7 @@ def part_sweep(quick: bool) -> dict:
                         est = DaskClassifier(module=MLP, module__hidden=hidden, optimizer=torch.optim.SGD,
                                              optimizer__lr=0.01, optimizer__momentum=0.9, batch_size=batch,
                                              max_epochs=1, random_state=0, client=client, backend=backend,
-                                             scale_cluster=False)
+                                             scale_cluster=False, grads_per_worker=1)  # on all p workers
                         start = time.perf_counter()
                         est.fit(X, y)
                         fit_s = time.perf_counter() - start
@@ -180,7 +180,7 @@ def part_membership(quick: bool) -> dict:
             cb = Change(what=what, at=8)
             est = DaskClassifier(module=MLP, module__hidden=hidden, optimizer=torch.optim.SGD, optimizer__lr=0.01,
                                  batch_size=256, max_epochs=1, random_state=0, client=client, backend=AR,
-                                 scale_cluster=False, callbacks=[("change", cb)]).fit(X, y)
+                                 scale_cluster=False, grads_per_worker=1, callbacks=[("change", cb)]).fit(X, y)
         finally:
             client.close()
             cluster.close()
@@ -210,7 +210,7 @@ def part_kill(quick: bool) -> dict:
     X, y = _data(2048)
     params = {"module": KillInBackward, "optimizer": torch.optim.SGD, "optimizer__lr": 0.01,
               "optimizer__momentum": 0.9, "batch_size": 128, "max_epochs": 2, "random_state": 0,
-              "backend": AR, "scale_cluster": False}
+              "backend": AR, "scale_cluster": False, "grads_per_worker": 1}  # on all 4 workers
 
     class Arm(Callback):
         def __init__(self, marker="", at=6):
@@ -265,7 +265,7 @@ def part_calibration(quick: bool) -> dict:
         try:
             return DaskClassifier(module=MLP, module__hidden=hidden, optimizer=torch.optim.SGD, optimizer__lr=0.01,
                                   batch_size=batch, max_epochs=epochs, random_state=0, client=client, backend=AR,
-                                  scale_cluster=False).fit(X, y)
+                                  scale_cluster=False, grads_per_worker=1).fit(X, y)
         finally:
             client.close()
             cluster.close()

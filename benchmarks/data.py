@@ -112,7 +112,7 @@ def overlap(quick: bool) -> list[str]:
     X = rng.standard_normal((n, 256), dtype=np.float32)
     y = rng.integers(0, 10, n)
     kwargs = {"module": _mlp(256, width), "optimizer": torch.optim.SGD, "optimizer__lr": 0.01, "batch_size": batch,
-                  "max_epochs": 2, "random_state": 0}
+                  "max_epochs": 2, "random_state": 0, "grads_per_worker": 1}  # on both workers
     with cluster() as client:
         DaskClassifier(**{**kwargs, "max_epochs": 1}).fit(X[:512], y[:512])  # warm the workers up
         compute = DaskClassifier(**kwargs).fit(X, y)
@@ -165,7 +165,8 @@ def dask_vs_numpy(quick: bool) -> list[str]:
     wl = WORKLOADS["W1"]
     X, y = wl.data(quick)
     kwargs = {"module": wl.module(), "optimizer": torch.optim.SGD, "optimizer__lr": wl.lr,
-                  "optimizer__momentum": wl.momentum, "batch_size": wl.batch_size, "max_epochs": wl.epochs, "random_state": 0}
+                  "optimizer__momentum": wl.momentum, "batch_size": wl.batch_size, "max_epochs": wl.epochs, "random_state": 0,
+                  "grads_per_worker": 1}  # on both workers
     makers = {
         "numpy": lambda: (X, y),
         "dask array": lambda: (da.from_array(X, chunks=len(X) // 16), da.from_array(y, chunks=len(X) // 16)),
@@ -252,7 +253,7 @@ def setup(quick: bool) -> list[str]:
 
     def est(client, **kw):
         return DaskClassifier(module=wl.module(), optimizer=torch.optim.SGD, optimizer__lr=wl.lr,
-                              batch_size=wl.batch_size, random_state=0, client=client, **kw)
+                              batch_size=wl.batch_size, random_state=0, client=client, grads_per_worker=1, **kw)
 
     def fit_setup(client) -> tuple[float, float, float]:
         e = est(client, max_epochs=1)

@@ -94,7 +94,7 @@ def run_adadamp(client, backend: str, hidden: int, p: int, n_updates: int) -> di
     X, y = _data(BATCH * n_updates)
     est = DaskClassifier(module=MLP, module__hidden=hidden, optimizer=torch.optim.SGD, optimizer__lr=0.01,
                          optimizer__momentum=0.9, batch_size=BATCH, max_epochs=1, random_state=0, client=client,
-                         backend=backend, scale_cluster=False).fit(X, y)
+                         backend=backend, scale_cluster=False, grads_per_worker=1).fit(X, y)  # on all p workers
     ups = [u for row in est.history_ for u in row["updates"]]
     rec = _record([u["batch_size"] for u in ups], [u["n_workers"] for u in ups],
                   [u["compute_time"] for u in ups], [u["update_time"] for u in ups])

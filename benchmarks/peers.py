@@ -229,6 +229,7 @@ def run_adadamp(wl: Workload, X, y, backend: str = "parameter-server") -> dict:
             random_state=0,
             client=client,
             backend=backend,
+            grads_per_worker=1,  # every batch on both workers, as DDP's
         )
         start = time.perf_counter()
         est.fit(X, y)

@@ -60,6 +60,7 @@ def fit(client, P: int, args, n_updates: int):
         max_epochs=1,
         random_state=0,
         client=client,
+        grads_per_worker=1,  # the batch on all P workers
     )
     return est.fit(X, y)
 

@@ -88,3 +88,37 @@ def test_goodput_targets_come_from_the_constant_runs_alone():
         r["target"], r["wall"] = 0.885, 10.0
     row = goodput.summary(runs)[2]
     assert "| 1.0 s (constant-256) |" in row and "| 0.5 s (goodput) |" in row and "| 0.50 |" in row
+
+
+def test_time_to_target_is_measured_and_the_fit_stops_there(client):
+    """benchmarks.accuracy_tasks (issue 32): a fit evaluated at every epoch's end stops at the
+    target; an unreachable target runs every epoch and has no time to it."""
+    import dataclasses
+
+    from benchmarks.accuracy_tasks import TASKS, estimator, measure
+
+    task = dataclasses.replace(TASKS["blobs4"], fixed=0.0, per_example=0.0, target=0.5, max_epochs=3)
+    run = measure(task, estimator(task, batch_size=512, max_workers=1))
+    assert run.epoch_at_target == 1.0 and len(run.history) == 1 and run.updates_at_target == 59
+    assert 0 < run.time_to_target <= run.wall and run.final_accuracy >= 0.5
+    assert run.summary()["workers"] == [1] and "estimator" not in run.summary()
+    never = measure(dataclasses.replace(task, target=1.01, max_epochs=2), estimator(task, batch_size=1024, max_epochs=2))
+    assert never.time_to_target is None and len(never.history) == 2 and len(never.curve) == 2
+
+
+def test_time_to_accuracy_report_puts_the_ratio_beside_the_paper_and_the_simulator():
+    from benchmarks.time_to_accuracy import ratios, report
+
+    def run(key, backend, t, predicted):
+        return {"key": key, "backend": backend, "repeat": 0, "time_to_target": t, "epoch_at_target": 7.0,
+                "updates_at_target": 100, "workers": [1], "predicted": predicted, "from_record": predicted,
+                "membership": {"waits": 0, "cold_joins": 0}, "growth": [], "curve": []}
+
+    result = {"task": "blobs4", "about": "x", "target": 0.98, "device": {"fixed_ms": 2.0, "per_example_ms": 0.5},
+              "runs": [run("constant", "parameter-server", 150.0, 165.0), run("geodamp", "parameter-server", 50.0, 60.0)],
+              "labels": {"constant": "constant 32", "geodamp": "GeoDamp 64"}, "calibration": {}, "seconds": 60.0,
+              "commit": "abc"}
+    assert ratios(result) == [{"backend": "parameter-server", "repeat": 0, "measured": 3.0, "predicted": 2.75}]
+    text = report(result)
+    assert "| parameter-server | 3.00x | 2.75x | 2.87x (200 / 70 min) |" in text
+    assert "| GeoDamp 64 | parameter-server | 50.0 | 7 | 100 | [1] | 60.0 (+20%) |" in text

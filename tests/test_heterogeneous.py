@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 from distributed import Client, LocalCluster
+from test_robustness import Freeze  # SIGSTOPs a worker after some updates (a hung node)
 
 from adadamp import DaskRegressor
-from adadamp.callbacks import Callback
 from adadamp.dampers.clock import LoopState, Sampler
 from adadamp.data.placement import makespan, plan_moves, shard_quotas
 from adadamp.engine.aggregation import GradientSum
@@ -197,19 +197,6 @@ def test_speed_shares_follow_the_speeds_use_every_example_once_and_train_the_sam
     np.testing.assert_allclose(_weights(fast), _weights(equal), rtol=1e-4, atol=1e-5)
 
 
-class Freeze(Callback):
-    """SIGSTOPs a worker process after update ``after`` (a hung node: alive, listed, silent)."""
-
-    def __init__(self, pid=None, after=5):
-        self.pid = pid
-        self.after = after
-
-    def on_update_end(self, estimator, record=None, **info):
-        self.updates_ = getattr(self, "updates_", 0) + 1
-        if self.updates_ == self.after:
-            os.kill(self.pid, signal.SIGSTOP)
-
-
 @pytest.mark.parametrize("backend", ["parameter-server", "allreduce"])
 def test_a_worker_that_stops_answering_is_lost_after_the_others_bound_not_update_timeout(backend, slow_worker, data):
     """A worker SIGSTOPped mid-fit is given up ten times the others' time after the update
@@ -223,7 +210,7 @@ def test_a_worker_that_stops_answering_is_lost_after_the_others_bound_not_update
     try:
         with dask.config.set({"adadamp.stragglers.min-seconds": 1.0}):
             est = _fit(client, speeds, X, y, backend=backend, max_epochs=2,
-                       callbacks=[("freeze", Freeze(pid=frozen))])
+                       callbacks=[("freeze", Freeze(pid=frozen, after=5))])
     finally:
         os.kill(frozen, signal.SIGCONT)
     took = time.monotonic() - start

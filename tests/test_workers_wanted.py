@@ -17,7 +17,7 @@ from adadamp import DaskClassifier
 from adadamp.cluster import ClusterPolicy
 from adadamp.dampers import GeoDamp
 from adadamp.engine import LoopState
-from adadamp.engine.backends.base import WORKER_START, Backend
+from adadamp.engine.backends.base import START_MARGIN, WORKER_START, Backend
 from adadamp.worker import plugin as _worker
 
 
@@ -117,7 +117,7 @@ def _stub(latency, recent, progress=0.0, scale=True):
 
 # Updates of 0.1 s: epochs 0 and 1 (10 updates of 100) take 1 s each, 2 and 3 (5 of 200) 0.5 s, 4 and 5
 # (3 of 400) 0.3 s, 6 and 7 0.2 s, then 0.1 s: epochs 1, 2, 3, 4, 5 begin at 1, 2, 2.5, 3, 3.3 s.  An
-# epoch's batch is read ahead when it begins within one worker start.
+# epoch's batch is read ahead when it begins within START_MARGIN measured worker starts (``latency`` here).
 @pytest.mark.parametrize(
     ("latency", "progress", "expected"),
     [
@@ -130,8 +130,8 @@ def _stub(latency, recent, progress=0.0, scale=True):
         (1.4, 500.0, 100),
     ],
 )
-def test_the_schedule_is_read_one_worker_start_ahead(latency, progress, expected):
-    assert Backend._ahead(_stub(latency, [0.1] * 5, progress), 100) == expected
+def test_the_schedule_is_read_ahead_by_the_measured_worker_start(latency, progress, expected):
+    assert Backend._ahead(_stub(latency / START_MARGIN, [0.1] * 5, progress), 100) == expected
 
 
 def test_before_any_update_or_measured_start_the_schedule_is_read_by_epochs_and_a_guess():

@@ -99,6 +99,12 @@ class Membership:
         """The watcher's callback (client event loop)."""
         self._latest = latest
 
+    @property
+    def latest(self) -> dict | None:
+        """The running workers (address -> info) at the watcher's latest look; None before it or after an error."""
+        latest = self._latest
+        return latest if isinstance(latest, dict) else None
+
     # ------------------------------------------------------------------ looking
     def refresh(self, force: bool = False, lost: tuple[str, ...] = ()) -> None:
         """Drop lost workers, set up new ones, and place the data on the new list.
@@ -181,10 +187,7 @@ class Membership:
         room = len(standby) if self.limit is None else max(0, self.limit - len(survivors))
         joined, self.standby = standby[:room], standby[room:]
         if joined and survivors:
-            n_cold = len(cold.intersection(joined))
-            self.cold_joins += n_cold
-            logger.info("update %d: %d worker(s) join, %d set up while the update waited",
-                        self._n_updates(), len(joined), n_cold)
+            self._joining(joined, cold)
         # Look again at the next interval if anyone was left out; else only when the membership changes.
         self._known = None if lost or failed or self._pending else set(live)
         names = {str(info.get("name")) for a, info in live.items() if a not in lost}
@@ -222,6 +225,13 @@ class Membership:
             plan = getattr(getattr(self.client, "cluster", None), "plan", None)
             n = len(plan) if isinstance(plan, set | frozenset | dict | list) else 0
         return n if self.limit is None else min(n, self.limit)
+
+    def _joining(self, workers: list[str], cold: set[str] = frozenset()) -> None:
+        """Count and log workers joining the training (``cold``: those set up while the update waited)."""
+        n_cold = len(cold.intersection(workers))
+        self.cold_joins += n_cold
+        logger.info("update %d: %d worker(s) join, %d set up while the update waited",
+                    self._n_updates(), len(workers), n_cold)
 
     def _note_arrivals(self, n_live: int) -> None:
         """Measure how long the cluster took to bring the workers the latest growth asked for."""
@@ -350,7 +360,7 @@ class Membership:
     def scale_to(self, n: int) -> None:
         if n == self.requested:
             return
-        latest = self._latest if isinstance(self._latest, dict) else cl.live_workers(self.client)
+        latest = self.latest or cl.live_workers(self.client)
         if n > len(latest) and self._asked is None:  # workers to start: time their arrival
             self._asked = (time.monotonic(), n)
         ours = self.workers + self.standby  # the cluster's workers, those training first, then those set up
@@ -378,7 +388,7 @@ class Membership:
 
     def _use(self, n: int) -> None:
         """Train on ``n`` workers: the last ones go on standby (they stay set up, and in the
-        cluster), or standby and idle workers join at the next look."""
+        cluster), or those on standby join now (idle workers at the next look)."""
         if n == self.limit:
             return
         self.limit = n
@@ -387,8 +397,14 @@ class Membership:
             left = self.workers[n:]
             lost = self._change_to(self.workers[:n])
             self.standby = [*left, *self.standby]
-            if lost:
-                self.refresh(force=True, lost=lost)
+        elif self.standby and self.workers and n > len(self.workers):  # live at the last look; a dead one fails its placement
+            took, self.standby = self.standby[: n - len(self.workers)], self.standby[n - len(self.workers):]
+            self._joining(took)
+            lost = self._change_to(self.workers + took)
+        else:
+            return
+        if lost:
+            self.refresh(force=True, lost=lost)
 
     def _wait_for_growth(self, wanted: int) -> None:
         """When the batch outgrows the workers training, take the workers on standby now, and,
@@ -397,7 +413,7 @@ class Membership:
             return
         if self._waited_for < wanted:
             self._waited_for = wanted
-            latest = self._latest if isinstance(self._latest, dict) else {}
+            latest = self.latest or {}
             if self.policy.scale and len(latest) < wanted and len(live := cl.live_workers(self.client)) < wanted:
                 self.waits += 1
                 logger.info("update %d: the batch wants %d workers, the cluster has %d; waiting up to %.0f s",

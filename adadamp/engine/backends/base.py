@@ -58,6 +58,9 @@ PREFETCH_BATCHES = 2
 #: Seconds a worker takes from the cluster's request to taking part, before a fit measured it: a Dask
 #: worker process importing torch takes 2-10 s (the schedule is read this far ahead; see ``_ahead``).
 WORKER_START = 10.0
+#: How far ahead of a measured worker start the schedule is read: starts vary (more workers at once,
+#: a busier machine or queue), and a worker asked for early costs only its idle seconds.
+START_MARGIN = 2.0
 #: The most epochs the schedule is read ahead.
 MAX_LOOKAHEAD_EPOCHS = 100
 #: Updates whose median time clocks the schedule read ahead.
@@ -391,8 +394,8 @@ class Backend(abc.ABC):
 
     def _ahead(self, batch_size: int) -> int:
         """The largest batch the schedule names before workers asked for now could take part: within
-        ``prescale_epochs``, and, scaling the cluster, within one worker start (measured, else
-        ``WORKER_START`` seconds),
+        ``prescale_epochs``, and, scaling the cluster, within ``START_MARGIN`` worker starts (measured;
+        ``WORKER_START`` seconds before the first),
         the coming epochs timed at the median of the latest updates (an update costs about the same
         at any batch when the workers grow with it).  0 where the damper has no forecast."""
         lp, forecast = self.loop, self.damper.forecast_batch_size
@@ -400,7 +403,8 @@ class Backend(abc.ABC):
         if not ahead or not self._recent or not self.policy.scale:  # no worker to start: set-ups take less
             return ahead
         seconds = float(np.median(self._recent))
-        horizon = self.members.start_latency or WORKER_START
+        latency = self.members.start_latency
+        horizon = WORKER_START if latency is None else START_MARGIN * latency
         left = (lp.epoch_end() - lp.progress) / batch_size * seconds  # the rest of this epoch
         epoch = math.floor(lp.epoch + 1e-9) + 1
         for _ in range(MAX_LOOKAHEAD_EPOCHS):
@@ -440,7 +444,9 @@ class Backend(abc.ABC):
         examples = dict.fromkeys(workers, 0)
         for b, w in enumerate(owner):
             examples[w] += len(self.placement.rows(b))
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        info = self.members.latest  # the watcher's latest look (memory limits do not change)
+        if info is None or not set(workers) <= set(info):
+            info = self.client.scheduler_info(n_workers=-1)["workers"]
         for w in workers:
             limit = info.get(w, {}).get("memory_limit") or 0  # 0: no limit
             needed = examples[w] * per_example
