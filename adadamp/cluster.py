@@ -145,31 +145,32 @@ async def watch_workers(client: Client, interval: float, report) -> None:
 #: attempts of :func:`register_worker_plugin` (each retry follows a worker lost mid-broadcast)
 PLUGIN_ATTEMPTS = 3
 
-#: client -> {plugin name: id of the scheduler it was registered with} (see :func:`ensure_plugin`)
+#: client -> {plugin name: (scheduler id, workers) it was registered with} (see :func:`ensure_plugin`)
 _REGISTERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def ensure_plugin(client: Client, make_plugin, name: str, register=None) -> bool:
     """Register the plugin ``make_plugin()`` as ``name`` (``register(client, plugin, name)``, default
-    ``client.register_plugin``) unless this client registered it with its scheduler already;
-    returns whether it registered now.
+    ``client.register_plugin``) unless this client registered it already with the same scheduler
+    and the same workers; returns whether it registered now.
 
-    The scheduler keeps a registered plugin, and hands a worker plugin to every worker that joins
-    or restarts, so one registration per client and scheduler serves all its fits.  Registering
-    the worker plugin again for every fit cost a scheduler round and a broadcast in which every
-    worker tore the plugin down and set it up again (up to 0.4 s of a fit on a loaded 2-core
-    machine).  The scheduler is told apart by the id the client last saw (a scheduler restarted
-    at the same address has another).
+    Registering the worker plugin again for every fit cost a broadcast in which every worker tore
+    the plugin down and set it up again (up to 0.4 s of a fit on a loaded 2-core machine), so a
+    warm cluster's next fit skips it.  The scheduler is told apart by its id (a scheduler restarted
+    at the same address has another); any change of the workers (a host lost and replaced, a
+    worker joining) registers again: on the multi-host test bed a worker that came back after its
+    host was killed trained without the plugin's handlers otherwise (tests/test_multihost.py).
     """
-    scheduler = getattr(client, "_scheduler_identity", {}).get("id")
+    identity = client.scheduler_info(n_workers=-1)
+    seen = (identity.get("id"), frozenset(identity.get("workers", {})))
     known = _REGISTERED.setdefault(client, {})
-    if scheduler is not None and known.get(name) == scheduler:
+    if seen[0] is not None and known.get(name) == seen:
         return False
     if register is None:
         client.register_plugin(make_plugin(), name=name)
     else:
         register(client, make_plugin(), name)
-    known[name] = scheduler
+    known[name] = seen
     return True
 
 

@@ -67,12 +67,12 @@ class TensorBoard(Callback):
 
     def on_update_end(self, estimator, record=None, loop=None, **info) -> None:
         if self.every_update:
-            for key, value in record.items():
+            for key, value in _numbers(record):
                 self.writer_.add_scalar(f"update/{key}", value, global_step=loop.n_updates)
 
     def on_epoch_end(self, estimator, row=None, **info) -> None:
-        for key, value in row.items():
-            if isinstance(value, int | float) and not isinstance(value, bool) and key != "epoch":
+        for key, value in _numbers(row):
+            if key != "epoch":
                 self.writer_.add_scalar(f"epoch/{key}", value, global_step=row["epoch"])
         self.writer_.flush()
 
@@ -183,8 +183,8 @@ class MLflowLogger(Callback):
                 self.client_.log_param(run_id, key, text[:500])
 
     def _log(self, values: dict, suffix: str, step: int) -> None:
-        for key, value in values.items():
-            if key in self._ignored or isinstance(value, bool) or not isinstance(value, int | float):
+        for key, value in _numbers(values):
+            if key in self._ignored:
                 continue
             self.client_.log_metric(self.run_.info.run_id, key + suffix, float(value), step=step)
 
@@ -207,6 +207,12 @@ class MLflowLogger(Callback):
                     self.client_.log_artifact(run_id, path)
         if self.terminate_after_train:
             self.client_.set_terminated(run_id)
+
+
+def _numbers(values: dict):
+    """The ``(key, value)`` pairs of a history row that are numbers (not the per-worker lists, such
+    as ``shares``, nor flags): what a metric logger can plot."""
+    return ((k, v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool))
 
 
 #: skorch's spelling of :class:`MLflowLogger`.

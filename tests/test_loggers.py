@@ -27,6 +27,8 @@ def test_tensorboard_writes_what_history_holds(client, regression_data, tmp_path
     assert [s for s, _ in loss] == list(range(1, len(updates) + 1))
     assert [v for _, v in loss] == pytest.approx([u["loss"] for u in updates], rel=1e-6)
     assert [v for _, v in _scalars(acc, "update/batch_size")] == [u["batch_size"] for u in updates]
+    assert isinstance(updates[0]["shares"], list)  # per-worker lists are in history_, not plotted
+    assert "update/shares" not in acc.Tags()["scalars"]
     epochs = _scalars(acc, "epoch/valid_loss")
     assert [s for s, _ in epochs] == [1, 2, 3]
     assert [v for _, v in epochs] == pytest.approx([r["valid_loss"] for r in est.history_], rel=1e-6)

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._lstsq import grouped_fit
 from ._validation import _check_int, _is_real
 from .adascale import AdaScale
 from .base import BaseDamper, GradStats, TrainState, UpdatePlan
+from .least_squares import grouped_fit
 from .momentum import _check_momentum, _resolve_momentum
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._lstsq import grouped_fit
+from ..dampers.least_squares import grouped_fit
 from .network import Centralized, Network, RingAllReduce
 from .timing import predict_time
 from .trace import UpdateTrace, from_history
