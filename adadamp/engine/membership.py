@@ -68,7 +68,7 @@ class Membership:
         self.set_up: set[str] = set()  # workers that may hold this fit's state (released at the end)
         self.requested: int | None = None
         self.limit: int | None = None  # the most workers this fit trains on (None: all it finds)
-        self.ready = 0  # the most workers set up for it (those beyond ``limit`` wait on standby)
+        self.ahead = 0  # the workers the coming batches want, set up beforehand (those beyond ``limit`` on standby)
         self.standby: list[str] = []  # set up and connected, not training (a coming batch wants them)
         self.waits = 0  # updates that waited for workers a scaled cluster was asked for (none when asked early enough)
         self.cold_joins = 0  # workers set up while an update waited for them (none when on standby beforehand)
@@ -162,7 +162,7 @@ class Membership:
             if w not in self.workers and w not in standby and w not in lost and w not in pending and not self.quarantined(w)
         )
         if self.limit is not None:  # set up as many as the coming batches want (in use, on standby or being set up)
-            joined = joined[: max(0, max(self.limit, self.ready) - len(survivors) - len(standby) - len(pending))]
+            joined = joined[: max(0, max(self.limit, self.ahead) - len(survivors) - len(standby) - len(pending))]
         # While training runs on other workers, joiners are set up in the background and take part
         # from the first look after their set-up is done (a slow set-up never stalls an update).
         background = not force and not lost and bool(survivors)
@@ -341,13 +341,13 @@ class Membership:
         """
         n, n_ahead = self.wanted(batch_size), self.wanted(max(batch_size, ahead))
         if n >= (self.limit or 0):  # while the batch does not shrink, what was asked for stays asked for
-            n_ahead = max(n_ahead, self.ready)
+            n_ahead = max(n_ahead, self.ahead)
         if self.policy.scale:
             self.scale_to(n_ahead)
-        if n_ahead != self.ready:
-            self.ready = n_ahead
+        if n_ahead != self.ahead:
+            self.ahead = n_ahead
             self._known, self._look_now = None, True  # idle workers to set up: look at the next refresh
-        self._use(n)
+        self.use(n)
         self._wait_for_growth(n)
         if not self.policy.scale:
             return
@@ -373,7 +373,7 @@ class Membership:
         if n < len(live) and self.workers:
             victims = live[n:]
             if len(self.workers) > n:
-                self._use(n)  # their data moves to the others first
+                self.use(n)  # their data moves to the others first
             self.standby = [w for w in self.standby if w not in victims]
             for w in victims:
                 self.transport.forget(w)
@@ -386,7 +386,7 @@ class Membership:
         logger.info("asked the cluster for %d workers (%d live)", n, len(live))
         self.requested = n
 
-    def _use(self, n: int) -> None:
+    def use(self, n: int) -> None:
         """Train on ``n`` workers: the last ones go on standby (they stay set up, and in the
         cluster), or those on standby join now (idle workers at the next look)."""
         if n == self.limit:

@@ -261,7 +261,7 @@ class Backend(abc.ABC):
         self.members.policy = self._policy
         if self._policy.scale and self.damper.follows_workers:
             self.members.policy = dataclasses.replace(self._policy, scale=False)  # B follows W: never size W from B
-        self.members._use(self._first_workers())
+        self.members.use(self._first_workers())
         batch = self.damper.forecast_batch_size(self.loop.epoch)  # None: the first update sizes the cluster
         if self.policy.scale and batch:
             ahead = self.damper.forecast_batch_size(self.loop.epoch + self.policy.prescale_epochs) or 0
@@ -394,10 +394,10 @@ class Backend(abc.ABC):
 
     def _ahead(self, batch_size: int) -> int:
         """The largest batch the schedule names before workers asked for now could take part: within
-        ``prescale_epochs``, and, scaling the cluster, within ``START_MARGIN`` worker starts (measured;
-        ``WORKER_START`` seconds before the first),
-        the coming epochs timed at the median of the latest updates (an update costs about the same
-        at any batch when the workers grow with it).  0 where the damper has no forecast."""
+        ``prescale_epochs`` and, scaling the cluster, within ``START_MARGIN`` worker starts (measured;
+        ``WORKER_START`` seconds before the first), the coming epochs timed at the median of the
+        latest updates (an update costs about the same at any batch when the workers grow with it).
+        0 where the damper has no forecast."""
         lp, forecast = self.loop, self.damper.forecast_batch_size
         ahead = forecast(lp.epoch + self.policy.prescale_epochs) or 0
         if not ahead or not self._recent or not self.policy.scale:  # no worker to start: set-ups take less
