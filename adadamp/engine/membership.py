@@ -70,8 +70,6 @@ class Membership:
         self.limit: int | None = None  # the most workers this fit trains on (None: all it finds)
         self.ahead = 0  # the workers the coming batches want, set up beforehand (those beyond ``limit`` on standby)
         self.standby: list[str] = []  # set up and connected, not training (a coming batch wants them)
-        self.waits = 0  # updates that waited for workers a scaled cluster was asked for (none when asked early enough)
-        self.cold_joins = 0  # workers set up while an update waited for them (none when on standby beforehand)
         self.start_latency: float | None = None  # seconds from asking the cluster for workers to their arrival (measured)
         self._asked: tuple[float, int] | None = None  # (when, how many) the latest growth asked for, until they came
         self._look_now = False  # the workers wanted rose: look at the next refresh, whatever the interval
@@ -227,11 +225,10 @@ class Membership:
         return n if self.limit is None else min(n, self.limit)
 
     def _joining(self, workers: list[str], cold: set[str] = frozenset()) -> None:
-        """Count and log workers joining the training (``cold``: those set up while the update waited)."""
-        n_cold = len(cold.intersection(workers))
-        self.cold_joins += n_cold
+        """Log workers joining the training (``cold``: those set up while the update waited; none when
+        they were on standby)."""
         logger.info("update %d: %d worker(s) join, %d set up while the update waited",
-                    self._n_updates(), len(workers), n_cold)
+                    self._n_updates(), len(workers), len(cold.intersection(workers)))
 
     def _note_arrivals(self, n_live: int) -> None:
         """Measure how long the cluster took to bring the workers the latest growth asked for."""
@@ -415,7 +412,6 @@ class Membership:
             self._waited_for = wanted
             latest = self.latest or {}
             if self.policy.scale and len(latest) < wanted and len(live := cl.live_workers(self.client)) < wanted:
-                self.waits += 1
                 logger.info("update %d: the batch wants %d workers, the cluster has %d; waiting up to %.0f s",
                             self._n_updates(), wanted, len(live), self.policy.scale_wait)
                 with contextlib.suppress(TimeoutError):
