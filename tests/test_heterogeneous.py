@@ -18,7 +18,6 @@ import torch
 from distributed import Client, LocalCluster
 
 from adadamp import DaskRegressor
-from adadamp.callbacks import Callback
 from adadamp.dampers.clock import LoopState, Sampler
 from adadamp.data.placement import makespan, plan_moves, shard_quotas
 from adadamp.engine.aggregation import GradientSum
@@ -69,6 +68,26 @@ def test_speeds_smooth_name_stragglers_and_say_when_to_move():
     before = s.rate["c"]
     s.observe_update(["a", "b", "c"], {"a": [300, 1.0], "b": [300, 1.0]})  # c got no shard: probed later
     assert s.rate["c"] == before * PROBE_GROWTH and s.rate["a"] == 300.0
+
+
+@pytest.mark.parametrize(("fixed", "per_example"), [(0.0, 1e-3), (0.05, 1e-5)])
+def test_the_share_model_learns_how_much_of_the_time_grows_with_the_share(fixed, per_example):
+    """Compute-bound workers: the time grows with the share (elasticity 1) and the shares follow
+    the throughputs.  Fixed-cost-bound ones (a small model, kernel launches): the time hardly
+    grows (elasticity near 0), so shares that happened to differ are not worth moving --
+    throughputs alone would favour whichever worker holds more."""
+    s = Speeds()
+    rng = np.random.default_rng(0)
+    workers = ["a", "b", "c"]
+    for _ in range(30):
+        for w, n in zip(workers, rng.integers(60, 140, size=3)):
+            s.observe(w, int(n), fixed + per_example * n)
+    if fixed:
+        assert s.elasticity() < 0.1
+        assert not s.rebalance(workers, [10, 4, 2], update=100)  # any split costs about the fixed time
+    else:
+        assert s.elasticity() > 0.95
+        assert s.rebalance(workers, [10, 4, 2], update=100) and s.quotas(workers, 16) in ([6, 5, 5], [5, 6, 5], [5, 5, 6])
 
 
 def test_a_worker_is_lost_after_ten_times_the_others_time_with_a_floor():
@@ -200,24 +219,13 @@ def test_speed_shares_follow_the_speeds_use_every_example_once_and_train_the_sam
     np.testing.assert_allclose(_weights(fast), _weights(equal), rtol=1e-4, atol=1e-5)
 
 
-class Freeze(Callback):
-    """SIGSTOPs a worker process after update ``after`` (a hung node: alive, listed, silent)."""
-
-    def __init__(self, pid=None, after=5):
-        self.pid = pid
-        self.after = after
-
-    def on_update_end(self, estimator, record=None, **info):
-        self.updates_ = getattr(self, "updates_", 0) + 1
-        if self.updates_ == self.after:
-            os.kill(self.pid, signal.SIGSTOP)
-
-
 @pytest.mark.parametrize("backend", ["parameter-server", "allreduce"])
 def test_a_worker_that_stops_answering_is_lost_after_the_others_bound_not_update_timeout(backend, slow_worker, data):
     """A worker SIGSTOPped mid-fit is given up ten times the others' time after the update
     started (here with a floor of 1 s), not after ``update_timeout`` (120 s): its shards are
     recomputed on the others, every example still used once."""
+    from test_robustness import Freeze  # SIGSTOPs a worker process after some updates
+
     client, speeds, slow = slow_worker
     X, y = data
     pids = client.run(os.getpid)
@@ -226,7 +234,7 @@ def test_a_worker_that_stops_answering_is_lost_after_the_others_bound_not_update
     try:
         with dask.config.set({"adadamp.stragglers.min-seconds": 1.0}):
             est = _fit(client, speeds, X, y, backend=backend, max_epochs=2,
-                       callbacks=[("freeze", Freeze(pid=frozen))])
+                       callbacks=[("freeze", Freeze(pid=frozen, after=5))])
     finally:
         os.kill(frozen, signal.SIGCONT)
     took = time.monotonic() - start
