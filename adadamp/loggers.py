@@ -68,7 +68,8 @@ class TensorBoard(Callback):
     def on_update_end(self, estimator, record=None, loop=None, **info) -> None:
         if self.every_update:
             for key, value in record.items():
-                self.writer_.add_scalar(f"update/{key}", value, global_step=loop.n_updates)
+                if isinstance(value, int | float) and not isinstance(value, bool):  # not the shares' lists
+                    self.writer_.add_scalar(f"update/{key}", value, global_step=loop.n_updates)
 
     def on_epoch_end(self, estimator, row=None, **info) -> None:
         for key, value in row.items():
