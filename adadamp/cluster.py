@@ -63,8 +63,8 @@ class ClusterPolicy:
         grows the cluster but never shrinks it (it uses fewer workers
         instead, as on any cluster).
     shares : {"equal", "speed"}
-        How an update's batch is shared among the workers: equally, or in
-        proportion to each worker's measured speed (:mod:`adadamp.engine.speeds`).
+        How an update's batch is shared among the workers: equally, or by each
+        worker's measured speed (:mod:`adadamp.engine.speeds`).
     """
 
     grads_per_worker: int = 128

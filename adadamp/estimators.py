@@ -145,8 +145,8 @@ class BaseDaskEstimator(BaseEstimator):
         equal shares; the same seed and workers give bitwise the same
         weights, and an update waits for the slowest worker.  ``"speed"``:
         each worker's share follows its measured throughput (examples per
-        second, smoothed over updates), so that all finish together; its
-        data blocks follow its share.  Every example of an update is still
+        second, smoothed over updates, less its fixed time per update), so
+        that all finish together; its data blocks follow its share.  Every example of an update is still
         used exactly once and the gradient is the same sum, so the weights
         equal those of equal shares up to float summation order, but they
         are no longer bitwise reproducible (who computes what follows the
@@ -206,8 +206,9 @@ class BaseDaskEstimator(BaseEstimator):
         ``"updates"`` (batch size, lr, workers, loss and a time breakdown:
         ``compute_time, comm_time, send_time, aggregate_time, step_time,
         update_time``; see the callbacks guide; ``shares``: the examples
-        each worker computed, ``stragglers``: the ranks of workers under
-        half the median speed, ``lost``: workers the update lost).
+        each worker computed, ``stragglers``: the ranks of workers that
+        would take over twice the median's time for an equal share,
+        ``lost``: workers the update lost).
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when X has string column names (pandas).

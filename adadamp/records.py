@@ -218,7 +218,8 @@ class UpdateRecord:
     weights after the step (both integers): two fits trained the same update alike exactly when
     both match.  ``shares`` are the examples each worker computed (in rank order; with
     ``shares="speed"`` they follow the workers' measured speeds), ``stragglers`` the ranks of
-    the workers slower than half the median worker (:mod:`adadamp.engine.speeds`) and ``lost`` the
+    the workers that would take over twice the median's time for an equal share
+    (:mod:`adadamp.engine.speeds`) and ``lost`` the
     workers the update lost (dead, or not answering in ten times the others' time) and
     recomputed the shares of.
     """

@@ -1,17 +1,18 @@
 """Workers that differ in speed (issue 33): speed-based shares against equal shares and PyTorch DDP.
 
-    python -m benchmarks.heterogeneous                 # both backends and DDP (~6 min on 2 cores)
-    python -m benchmarks.heterogeneous --quick         # fewer updates, the parameter server only
+    python -m benchmarks.heterogeneous                 # both backends and DDP, 3 repeats (~16 min on 2 cores)
+    python -m benchmarks.heterogeneous --quick         # 100 updates per run, one repeat, the parameter server
     python -m benchmarks.heterogeneous --systems ddp   # pieces: parameter-server, allreduce, ddp
+    python -m benchmarks.heterogeneous --report benchmarks/heterogeneous.json   # the table of a saved run
 
 Four workers (a LocalCluster of single-threaded processes) on emulated accelerators
 (:mod:`benchmarks.emulated`: each training forward sleeps 0.5 ms + 0.1 ms per example, divided by
 the worker's speed from a JSON file, re-read when it changes), an MLP regressor (32 features, one
-hidden layer of 64), batch 512, SGD.  Per system, in one cluster:
+hidden layer of 64), batch 512, SGD.  Per system and repeat, in one cluster (:data:`CASES`):
 
-- ``nominal``: every worker at speed 1; the mean throughput (examples per second over the updates
-  after the first 20) of three such runs with equal shares -- first, between the cases, last -- is
-  the reference (on this 2-core machine runs of the same setting differ by up to 10-20 %);
+- ``nominal``: every worker at speed 1, with equal shares first and last (the repeat's reference:
+  their mean throughput, examples per second over the updates after the first 20) and with speed
+  shares;
 - ``half``: one worker at half speed from the start;
 - ``slowdown``: one worker slows to a quarter of its speed after 150 updates (the callback rewrites
   the speeds file).
@@ -19,9 +20,11 @@ hidden layer of 64), batch 512, SGD.  Per system, in one cluster:
 The ideal throughput is the reference's times the sum of the speeds over 4 (3.5 / 4 at half
 speed, 3.25 / 4 after the slowdown).  ``ratio`` is the measured throughput over the ideal; for the
 slowdown, over the rest of the fit after the slowdown, and ``recovery_s`` is the time from the
-slowdown to the first half second whose throughput reaches 0.9x the ideal.  adadamp runs with
-``shares="equal"`` and ``shares="speed"``; DDP splits every batch equally (rank ``r`` takes part
-``r``).  Writes ``heterogeneous.json`` and ``heterogeneous.md`` (``--out``).
+slowdown to the first half second whose throughput reaches 0.9x the ideal.  Each run is paired
+with its own repeat's reference (a machine whose speed drifts, other jobs on it, moves both), and
+the table gives the medians over repeats.  adadamp runs with ``shares="equal"`` and
+``shares="speed"``; DDP splits every batch equally (rank ``r`` takes part ``r``).  Writes
+``heterogeneous.json`` and ``heterogeneous.md`` (``--out``).
 """
 
 from __future__ import annotations

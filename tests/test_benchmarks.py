@@ -122,3 +122,21 @@ def test_time_to_accuracy_report_puts_the_ratio_beside_the_paper_and_the_simulat
     text = report(result)
     assert "| parameter-server | 3.00x | 2.75x | 2.87x (200 / 70 min) |" in text
     assert "| GeoDamp 64 | parameter-server | 50.0 | 7 | 100 | [1] | 60.0 (+20%) |" in text
+
+
+def test_heterogeneous_ratios_and_recovery_from_a_synthetic_timeline():
+    """benchmarks/heterogeneous.py's arithmetic: 100 updates of 512 at 10 ms, then (slowed at 1.0 s)
+    10 at 40 ms, then back to 10 ms: the ratio to an ideal of 4 of 4 speeds, the recovery time."""
+    from benchmarks.heterogeneous import WARM, summarize, table, throughput
+
+    times = [0.01 * (k + 1) for k in range(100)]
+    times += [times[-1] + 0.04 * (k + 1) for k in range(10)]
+    times += [times[-1] + 0.01 * (k + 1) for k in range(100)]
+    examples = [512] * len(times)
+    reference = throughput(times[:100], examples[:100], times[WARM - 1], times[99])
+    assert abs(reference - 51200) < 1
+    row = summarize(times, examples, reference, 4, slowed_at=1.0, after=4)
+    assert abs(row["ratio_before"] - 1.0) < 1e-6 and 0.6 < row["ratio"] < 0.8
+    assert 0.3 <= row["recovery_s"] <= 0.4 and abs(row["ratio_after_recovery"] - 1.0) < 0.05  # a 0.5 s window at 0.9x
+    text = table([{"system": "ps", "shares": "speed", "case": "slowdown", **row}], 100, 1)
+    assert "| ps | speed | slowdown |" in text and "| 0.4 |" in text  # the recovery, rounded

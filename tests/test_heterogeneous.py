@@ -71,6 +71,26 @@ def test_speeds_smooth_name_stragglers_and_say_when_to_move():
     assert s.rate["c"] == before * PROBE_GROWTH and s.rate["a"] == 300.0
 
 
+@pytest.mark.parametrize(("fixed", "per_example"), [(0.0, 1e-3), (0.05, 1e-5)])
+def test_the_share_model_learns_how_much_of_the_time_grows_with_the_share(fixed, per_example):
+    """Compute-bound workers: the time grows with the share (elasticity 1) and the shares follow
+    the throughputs.  Fixed-cost-bound ones (a small model, kernel launches): the time hardly
+    grows (elasticity near 0), so shares that happened to differ are not worth moving --
+    throughputs alone would favour whichever worker holds more."""
+    s = Speeds()
+    rng = np.random.default_rng(0)
+    workers = ["a", "b", "c"]
+    for _ in range(30):
+        for w, n in zip(workers, rng.integers(60, 140, size=3)):
+            s.observe(w, int(n), fixed + per_example * n)
+    if fixed:
+        assert s.elasticity() < 0.1
+        assert not s.rebalance(workers, [10, 4, 2], update=100)  # any split costs about the fixed time
+    else:
+        assert s.elasticity() > 0.95
+        assert s.rebalance(workers, [10, 4, 2], update=100) and s.quotas(workers, 16) in ([6, 5, 5], [5, 6, 5], [5, 5, 6])
+
+
 def test_a_worker_is_lost_after_ten_times_the_others_time_with_a_floor():
     assert lost_after(0.01) == 5.0 and lost_after(2.0) == 20.0
     with dask.config.set({"adadamp.stragglers.min-seconds": 1.0, "adadamp.stragglers.factor": 4}):
@@ -202,6 +222,7 @@ def test_a_worker_that_stops_answering_is_lost_after_the_others_bound_not_update
     """A worker SIGSTOPped mid-fit is given up ten times the others' time after the update
     started (here with a floor of 1 s), not after ``update_timeout`` (120 s): its shards are
     recomputed on the others, every example still used once."""
+
     client, speeds, slow = slow_worker
     X, y = data
     pids = client.run(os.getpid)

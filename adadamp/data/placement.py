@@ -24,13 +24,16 @@ from ..wire.batches import shard_of_blocks
 __all__ = ["Placement", "makespan", "plan_moves", "shard_of_blocks", "shard_quotas"]
 
 
-def shard_quotas(n_shards: int, speeds: list[float]) -> list[int]:
+def shard_quotas(n_shards: int, speeds: list[float], fixed: list[float] | None = None) -> list[int]:
     """The shards each worker holds so that all finish together: whole shards, each given in turn to
-    the worker that would finish it first (``(held + 1) / speed`` least; the lower rank on a tie).
+    the worker that would finish it first (the lower rank on a tie).
 
-    With equal shards this greedy order minimises the slowest worker's time (the makespan of
+    Worker ``k`` holding ``h > 0`` shards takes ``fixed[k] + h / speeds[k]`` (``fixed``: its time per
+    update whatever its share, 0 by default); one holding none takes no time (it gets no request).
+    Without fixed times this greedy order minimises the slowest worker's time (the makespan of
     identical jobs on machines of speeds ``speeds``).  A worker too slow to finish even one shard
-    before the others finish theirs gets none (it is a straggler, :mod:`adadamp.engine.speeds`).
+    (with its fixed time) before the others finish theirs gets none (it is a straggler,
+    :mod:`adadamp.engine.speeds`).
 
     Examples
     --------
@@ -38,22 +41,27 @@ def shard_quotas(n_shards: int, speeds: list[float]) -> list[int]:
     [5, 5, 4, 2]
     >>> shard_quotas(4, [1.0, 1.0, 1.0, 1.0]), shard_quotas(4, [1.0, 1.0, 1.0, 0.1])
     ([1, 1, 1, 1], [2, 1, 1, 0])
+    >>> shard_quotas(16, [1.0, 1.0, 1.0, 0.5], fixed=[1.0, 1.0, 1.0, 2.0])  # its fixed time is slower too
+    [5, 5, 5, 1]
     """
+    fixed = [0.0] * len(speeds) if fixed is None else [float(f) for f in fixed]
     speeds = [max(float(s), 1e-12) for s in speeds]
     held = [0] * len(speeds)
     for _ in range(n_shards):
-        k = min(range(len(speeds)), key=lambda i: ((held[i] + 1) / speeds[i], i))
+        k = min(range(len(speeds)), key=lambda i: (fixed[i] + (held[i] + 1) / speeds[i], i))
         held[k] += 1
     return held
 
 
-def makespan(held: list[int], speeds: list[float]) -> float:
-    """The time the slowest worker takes for ``held`` shards at ``speeds`` (shards per unit of time).
+def makespan(held: list[int], speeds: list[float], fixed: list[float] | None = None) -> float:
+    """The time the slowest worker takes for ``held`` shards at ``speeds`` (shards per unit of time),
+    each worker holding any also taking its ``fixed`` time (0 by default).
 
     >>> makespan([1, 1, 1, 1], [1.0, 1.0, 1.0, 0.5]), makespan([5, 5, 4, 2], [1.0, 1.0, 1.0, 0.5])
     (2.0, 5.0)
     """
-    return max((h / max(float(s), 1e-12) for h, s in zip(held, speeds) if h), default=0.0)
+    fixed = [0.0] * len(speeds) if fixed is None else fixed
+    return max((f + h / max(float(s), 1e-12) for h, s, f in zip(held, speeds, fixed) if h), default=0.0)
 
 
 def plan_moves(

@@ -1,23 +1,26 @@
 """How fast each worker computes, measured on every update, and what the shares of the next updates
 are made of (issue 33; :doc:`/guide/heterogeneous`).
 
-Every gradient reply says how many examples the worker computed and how long it took; a worker's
-*throughput* is the ratio, smoothed over updates (:class:`Speeds`).  With ``shares="speed"`` the
-fit's shards are held in proportion to these throughputs (:func:`~adadamp.data.placement.shard_quotas`),
-so that all workers finish an update together, and they are placed again when the measured speeds
-say that other holders would shorten the update by :data:`REBALANCE_GAIN` (:meth:`Speeds.rebalance`).
+Every gradient reply says how many examples the worker computed and how long it took; both are
+smoothed over updates per worker, and one *elasticity* says how much of a worker's time grows
+with its share (:class:`Speeds`).  With ``shares="speed"`` the fit's shards are held so that all
+workers are predicted to finish an update together (:func:`~adadamp.data.placement.shard_quotas`:
+in proportion to the throughputs when the time is all compute), and they are placed again when
+the model says that other holders would shorten the update by :data:`REBALANCE_GAIN`
+(:meth:`Speeds.rebalance`).
 
-A *straggler* is a worker whose throughput stays under :data:`STRAGGLER_RATIO` of the median's:
-at half the others' speed an equal share makes every update take twice the time the others need,
-so the fit runs at the straggler's pace and everyone else idles half the time -- the case speed
-shares exist for.  Stragglers are named in each update's record (``stragglers``, their ranks) in
-both modes; with speed shares their share already keeps the update near the others' time (it is
-proportional to their speed, down to no shard at all for a worker that could not finish one shard
-in the others' time).  Pure; no Dask.
+A *straggler* is a worker that would take more than twice the median worker's time for an equal
+share (:data:`STRAGGLER_RATIO`): then an equal share makes every update wait twice the time the
+others need, so the fit runs at the straggler's pace and everyone else idles half the time -- the
+case speed shares exist for.  Stragglers are named in each update's record (``stragglers``, their
+ranks) in both modes; with speed shares their share already keeps the update near the others'
+time (down to no shard at all for a worker that could not finish one shard in the others' time).
+Pure; no Dask.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import dask
@@ -33,9 +36,11 @@ SMOOTHING = 0.35
 #: speeds by about 5 %, and at 5 % four workers of equal speed traded a shard every 5-10 updates.
 #: A real change of speed (a worker at half or a quarter speed) predicts gains of 30-200 %.
 REBALANCE_GAIN = 0.1
+#: How fast the elasticity forgets (per update; its sums hold about the last 20 updates' worth).
+MEMORY = 0.95
 #: Updates at least between two placements that follow the speeds (each moves blocks).
 REBALANCE_EVERY = 4
-#: A worker slower than this fraction of the median worker is a straggler (module docstring).
+#: A worker slower than this fraction of the median worker (for an equal share) is a straggler.
 STRAGGLER_RATIO = 0.5
 #: Shards per worker with ``shares="speed"``: the granularity of a share.  With 16, a worker at half
 #: the others' speed among four holds 9 of the 64 shards and the others 18-19: the update runs at
@@ -72,68 +77,119 @@ def lost_after(others: float) -> float:
 
 
 class Speeds:
-    """Each worker's smoothed throughput, in examples per second (see the module docstring).
+    """Each worker's smoothed examples and compute seconds per update, and how much of a worker's
+    time grows with its share (see the module docstring).
+
+    A worker's time for a share of ``n`` examples is modelled as ``t (1 - e + e n / m)``, ``m``
+    and ``t`` its smoothed examples and seconds per update, ``e`` the *elasticity* of the compute
+    time in the share: the least-squares slope of ``log(seconds)`` on ``log(examples)`` over
+    every worker's deviations from its own means (exponentially forgotten, :data:`MEMORY`).
+    With ``e = 1`` the time is proportional to the share and shares follow the throughputs; a
+    fit whose updates are mostly fixed costs (a small model, kernel launches) has ``e`` near 0,
+    and then no share is worth moving: throughputs alone (``n / t``) would favour whichever worker
+    holds more, and the shares would drift onto one worker (measured: 125 of 128 examples on one
+    of four equal CPU workers, 1.5x slower updates).
 
     >>> s = Speeds()
     >>> s.observe("a", 100, 1.0); s.observe("b", 50, 1.0)
-    >>> s.of(["a", "b", "c"])  # c: not measured yet, taken as the median
+    >>> s.of(["a", "b", "c"])  # examples per second; c: not measured yet, taken as the median
     [100.0, 50.0, 75.0]
-    >>> s.stragglers(["a", "b"]), Speeds().stragglers(["a"])
-    ([], [])
+    >>> s.observe("d", 40, 1.0); s.observe("e", 100, 1.0)
+    >>> s.stragglers(["a", "d", "e"]), s.stragglers(["a", "b"])  # d: 2.5x the others' time for an equal share
+    ([1], [])
     """
 
     def __init__(self):
-        self.rate: dict[str, float] = {}
+        self.examples: dict[str, float] = {}  # smoothed examples per update
+        self.seconds: dict[str, float] = {}  # smoothed compute seconds per update
+        self._sxy = self._sxx = 0.0  # the elasticity's sums (deviations of log seconds on log examples)
         self._placed_at = 0  # the update of the last placement that followed the speeds (the first ones warm up)
+
+    @property
+    def rate(self) -> dict[str, float]:
+        """Each measured worker's examples per second (its smoothed examples over its smoothed seconds)."""
+        return {w: self.examples[w] / self.seconds[w] for w in self.seconds}
 
     def observe(self, worker: str, n: int, seconds: float) -> None:
         """One update's measurement: ``n`` examples in ``seconds`` (nothing learnt from an empty share)."""
         if n <= 0 or seconds <= 0:
             return
-        rate = n / seconds
-        old = self.rate.get(worker)
-        self.rate[worker] = rate if old is None else (1 - SMOOTHING) * old + SMOOTHING * rate
+        if worker in self.seconds:
+            dx, dy = math.log(n / self.examples[worker]), math.log(seconds / self.seconds[worker])
+            self._sxy = MEMORY * self._sxy + dx * dy
+            self._sxx = MEMORY * self._sxx + dx * dx
+            self.examples[worker] += SMOOTHING * (n - self.examples[worker])
+            self.seconds[worker] += SMOOTHING * (seconds - self.seconds[worker])
+        else:
+            self.examples[worker], self.seconds[worker] = float(n), float(seconds)
 
     def observe_update(self, workers: list[str], per_worker: dict[str, list]) -> None:
         """One update's measurements (``per_worker``: examples and seconds of each worker that
-        computed any); the workers of ``workers`` that computed nothing grow by :data:`PROBE_GROWTH`."""
+        computed any); the workers of ``workers`` that computed nothing look :data:`PROBE_GROWTH`
+        faster each time, until they get a shard and are measured again."""
         for w in workers:
             n, seconds = per_worker.get(w, (0, 0.0))
             if n > 0:
                 self.observe(w, n, seconds)
-            elif w in self.rate:
-                self.rate[w] *= PROBE_GROWTH
+            elif w in self.seconds:
+                self.seconds[w] /= PROBE_GROWTH
 
     def forget(self, worker: str) -> None:
-        self.rate.pop(worker, None)
+        self.examples.pop(worker, None)
+        self.seconds.pop(worker, None)
+
+    def elasticity(self) -> float:
+        """How the compute time grows with the share, in [0, 1] (1 until the shares have varied
+        enough to tell: the sum of squared deviations of log examples under ``0.05``)."""
+        return min(1.0, max(0.0, self._sxy / self._sxx)) if self._sxx >= 0.05 else 1.0
 
     def of(self, workers: list[str]) -> list[float]:
-        """The workers' throughputs; one not measured yet is taken as the median of the others
-        (1.0 when none is measured)."""
-        known = [self.rate[w] for w in workers if w in self.rate]
+        """The workers' throughputs (examples per second); one not measured yet is taken as the
+        median of the others (1.0 when none is measured)."""
+        rate = self.rate
+        known = [rate[w] for w in workers if w in rate]
         typical = statistics.median(known) if known else 1.0
-        return [self.rate.get(w, typical) for w in workers]
+        return [rate.get(w, typical) for w in workers]
+
+    def _model(self, workers: list[str], n_shards: int, batch: float) -> tuple[list[float], list[float]]:
+        """Each worker's shards per second and fixed seconds per update, for shards of
+        ``batch / n_shards`` examples (workers not measured yet: the median of the others)."""
+        e, per_shard = self.elasticity(), batch / max(n_shards, 1)
+        known = [w for w in workers if w in self.seconds]
+        if not known:
+            return [1.0] * len(workers), [0.0] * len(workers)
+        speed = {w: self.examples[w] / (e * self.seconds[w] * per_shard) if e > 0 else math.inf for w in known}
+        fixed = {w: (1 - e) * self.seconds[w] for w in known}
+        typical = statistics.median(speed.values()), statistics.median(fixed.values())
+        return [speed.get(w, typical[0]) for w in workers], [fixed.get(w, typical[1]) for w in workers]
 
     def quotas(self, workers: list[str], n_shards: int) -> list[int]:
         """The shards each of ``workers`` should hold (:func:`~adadamp.data.placement.shard_quotas`)."""
-        return shard_quotas(n_shards, self.of(workers))
+        speeds, fixed = self._model(workers, n_shards, self._batch(workers))
+        return shard_quotas(n_shards, speeds, fixed)
+
+    def _batch(self, workers: list[str]) -> float:
+        return sum(self.examples.get(w, 0.0) for w in workers) or 1.0
 
     def stragglers(self, workers: list[str]) -> list[int]:
-        """The ranks of the measured workers slower than :data:`STRAGGLER_RATIO` of the median."""
-        measured = [self.rate[w] for w in workers if w in self.rate]
+        """The ranks of the measured workers that would take more than ``1 / STRAGGLER_RATIO``
+        times the median worker's time for an equal share."""
+        measured = [w for w in workers if w in self.seconds]
         if len(measured) < 2:
             return []
-        typical = statistics.median(measured)
-        return [k for k, w in enumerate(workers) if w in self.rate and self.rate[w] < STRAGGLER_RATIO * typical]
+        e, equal = self.elasticity(), self._batch(measured) / len(measured)
+        time = {w: self.seconds[w] * (1 - e + e * equal / self.examples[w]) for w in measured}
+        typical = statistics.median(time.values())
+        return [k for k, w in enumerate(workers) if w in time and time[w] * STRAGGLER_RATIO > typical]
 
     def rebalance(self, workers: list[str], held: list[int], update: int) -> bool:
         """Whether shards should move now: the best quotas shorten the predicted update by
         :data:`REBALANCE_GAIN` and the last such move is :data:`REBALANCE_EVERY` updates old."""
-        if update - self._placed_at < REBALANCE_EVERY or not all(w in self.rate for w in workers):
+        if update - self._placed_at < REBALANCE_EVERY or not all(w in self.seconds for w in workers):
             return False
-        speeds = self.of(workers)
-        best = makespan(shard_quotas(sum(held), speeds), speeds)
-        if makespan(held, speeds) <= (1 + REBALANCE_GAIN) * best:
+        speeds, fixed = self._model(workers, sum(held), self._batch(workers))
+        best = makespan(shard_quotas(sum(held), speeds, fixed), speeds, fixed)
+        if makespan(held, speeds, fixed) <= (1 + REBALANCE_GAIN) * best:
             return False
         self._placed_at = update
         return True

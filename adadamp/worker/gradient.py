@@ -64,7 +64,7 @@ def share_gradient(
         elif not state.shared:
             state.flat.copy_(torch.from_numpy(np.asarray(weights)), non_blocking=True)
         if buffers is not None and state.buffers:
-            _load_buffers(state.buffers, buffers)
+            set_buffers(state.buffers, torch.from_numpy(buffers))
         running = None
         if parts is None:
             n, weight, loss_sum, sq_sum, n_stat_chunks = gradient_sum(state, X, y, n_chunks, seed)
@@ -152,14 +152,6 @@ def set_buffers(buffers: list[torch.Tensor], values: torch.Tensor) -> None:
     with torch.no_grad():
         for b in buffers:
             b.copy_(values[offset : offset + b.numel()].view_as(b))
-            offset += b.numel()
-
-
-def _load_buffers(targets: list[torch.Tensor], values: np.ndarray) -> None:
-    offset = 0
-    with torch.no_grad():
-        for b in targets:
-            b.copy_(torch.from_numpy(values[offset : offset + b.numel()]).view_as(b))
             offset += b.numel()
 
 

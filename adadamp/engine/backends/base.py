@@ -338,7 +338,7 @@ class Backend(abc.ABC):
     def _patient(self) -> set[str]:
         """The workers that have not answered an update of this fit yet: only ``update_timeout``
         gives up on them (:meth:`Transport.round`)."""
-        return {w for w in self.workers if w not in self.speeds.rate}
+        return {w for w in self.workers if w not in self.speeds.seconds}
 
     def _follow_speeds(self) -> None:
         """With speed-based shares, place the shards again when the measured speeds say other
@@ -347,8 +347,9 @@ class Backend(abc.ABC):
             return
         held = np.bincount(self.placement.holder, minlength=len(self.workers)).tolist()
         if self.speeds.rebalance(self.workers, held, self.loop.n_updates):
-            logger.info("update %d: shards follow the measured speeds %s (held %s)", self.loop.n_updates,
-                        [round(r) for r in self.speeds.of(self.workers)], held)
+            logger.info("update %d: shards follow the measured speeds %s (held %s, elasticity %.2f)",
+                        self.loop.n_updates, [round(r) for r in self.speeds.of(self.workers)], held,
+                        self.speeds.elasticity())
             self.members.replace()
 
     def _placement_shards(self, new_workers: list[str]) -> int:

@@ -36,6 +36,7 @@ from ...records import ShareRequest
 from ...wire.batches import dropout_seed
 from ...wire.optimizer_plan import apply_plan
 from ...wire.parameters import bind_parameters, flatten_parameters, float_buffers
+from ...worker.gradient import flat_buffers, set_buffers
 from ..aggregation import GradientSum, Totals
 from .base import Backend, Batch
 from .rounds import MAX_RECOMPUTES, in_rounds, triage
@@ -186,14 +187,8 @@ class ParameterServer(Backend):
     def _buffer_values(self) -> np.ndarray | None:
         """The module's running statistics as one float32 vector, which every share starts from
         (None without any): a shard's statistics then do not depend on the worker computing it."""
-        if not self._buffers:
-            return None
-        return torch.cat([b.detach().reshape(-1).float().cpu() for b in self._buffers]).numpy()
+        return flat_buffers(self._buffers).numpy() if self._buffers else None
 
     def _set_buffers(self, values: np.ndarray) -> None:
         """The module's BatchNorm-style statistics: the workers' example-weighted mean."""
-        offset = 0
-        with torch.no_grad():
-            for b in self._buffers:
-                b.copy_(torch.from_numpy(values[offset : offset + b.numel()]).view_as(b))
-                offset += b.numel()
+        set_buffers(self._buffers, torch.from_numpy(values))
