@@ -566,7 +566,7 @@ def test_workers_rotate_before_walltime(slurm, tmp_path, request):
             tmp_path,
             "lifetime",
             walltime="00:01:00",
-            worker_extra_args=["--lifetime", "25s", "--lifetime-stagger", "5s"],
+            worker_extra_args=["--lifetime", "12s", "--lifetime-stagger", "3s"],
         ) as (_cluster, client, jobs),
         engine_log() as log,
     ):
@@ -578,7 +578,7 @@ def test_workers_rotate_before_walltime(slurm, tmp_path, request):
             grads_per_worker=32,
             min_workers=1,
             max_workers=2,
-            max_epochs=60,  # 8 updates per epoch, ~0.1 s each: ~55 s, beyond two lifetimes
+            max_epochs=30,  # 8 updates per epoch, ~0.1 s each: ~27 s, beyond two lifetimes
             worker_timeout=45,
             update_timeout=30,
         )
@@ -600,7 +600,7 @@ def test_workers_rotate_before_walltime(slurm, tmp_path, request):
             _say_log(request.config, "lifetime", log, 20)
     jobs_final = jobs.report(request.config, "lifetime")
     assert error is None, f"the fit failed while workers rotated: {error!r}\n{tb}"
-    assert len(est.history_) == 60
+    assert len(est.history_) == 30
     assert est.loop_.n_updates == sum(len(row["updates"]) for row in est.history_)
     losses = [row["train_loss"] for row in est.history_]
     assert losses[-1] < losses[0], losses
