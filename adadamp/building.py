@@ -2,30 +2,38 @@
 
 Each function takes the estimator's parameters (``get_params(deep=False)``, routed
 ``prefix__name`` keys included) and builds one object, with errors that name the parameter and
-the fix; none touches the cluster.
+the fix; none touches the cluster.  The parameters' checks that build something (the callbacks,
+the optimizer on a stand-in) are here too, as are the fit's seed and its resumption from a
+``checkpoint`` file.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
+import os
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 from sklearn.base import clone
+from sklearn.utils import check_random_state
 from torch import nn
 
-from . import porting, routing
+from . import checkpoint, porting, routing
+from .callbacks import resolve as resolve_callbacks
 from .dampers import BaseDamper, Constant
 from .dampers.clock import LoopState
-from .data import FitData
+from .data import FitData, Targets
 from .modules import MLP
 from .records import TrainingState
 from .sample_weight import SampleWeightedLoss
+from .wire import optimizer_plan
 from .wire.seeding import seeded
 
 __all__ = ["apply_optimizer_params", "build_criterion", "build_damper", "build_module", "build_optimizer",
-           "check_output_shape", "continued_state", "damper_spec", "initial_state", "routed", "weighted_criterion"]
+           "check_output_shape", "check_params", "continued_state", "damper_spec", "draw_seed", "fingerprint",
+           "initial_state", "ready", "resume", "routed", "weighted_criterion"]
 
 
 def routed(params: Mapping, prefix: str) -> dict:
@@ -133,15 +141,81 @@ def check_output_shape(
         ) from err
 
 
-def initial_state(params: Mapping, made: FitData, default_criterion: type[nn.Module], expected_output_shape) -> TrainingState:
-    """A fresh fit's state: everything built from the parameters, checked on the data's first examples.
+def check_params(params: Mapping) -> list:
+    """The checks of the parameters that their constraint table (:mod:`adadamp.constraints`) does
+    not express; returns the fit's callbacks, resolved (:func:`adadamp.callbacks.resolve`: clones)."""
+    if params["checkpoint_every"] is not None and params["checkpoint"] is None:
+        raise ValueError(f"checkpoint_every={params['checkpoint_every']} needs a checkpoint file: pass checkpoint='fit.ckpt'.")
+    resolved = resolve_callbacks(params["callbacks"], routed(params, "callbacks"))
+    optimizer = params["optimizer"]
+    closure = inspect.signature(optimizer.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise ValueError(
+            f"optimizer={optimizer.__name__} needs a closure in step() (it evaluates the loss again within "
+            "an update), which data-parallel updates on the workers cannot give. Use a first-order optimizer "
+            "such as torch.optim.SGD or torch.optim.Adam."
+        )
+    # the optimizer's own checks (lr >= 0, ...) now, on one stand-in parameter, naming optimizer__*
+    routing.construct(optimizer, routed(params, "optimizer"), "optimizer", [torch.zeros(1, requires_grad=True)])
+    client = params["client"]
+    if client is not None and getattr(client, "status", "running") in ("closing", "closed"):
+        raise ValueError(
+            f"client= is closed (status {client.status!r}): pass a running distributed.Client, or "
+            "client=None to use the current one or the embedded cluster."
+        )
+    return resolved
 
-    ``expected_output_shape(criterion, y, n_outputs)``: the shape the criterion needs (the estimator's).
-    """
+
+def draw_seed(random_state) -> int:
+    """A fresh fit's seed: from ``random_state``, or (None) from torch's global generator, so that
+    ``torch.manual_seed`` makes fits reproducible as it makes a PyTorch script (and skorch)."""
+    if random_state is None:
+        return int(torch.randint(2**31 - 1, ()).item())
+    return int(check_random_state(random_state).randint(2**31 - 1))
+
+
+def fingerprint(params: Mapping, data) -> dict:
+    """What decides a fit's trajectory (:func:`adadamp.checkpoint.fingerprint`): the training data
+    and the parameters that shape it (not ``max_epochs``, nor the callbacks)."""
+    keys = ("module", "criterion", "optimizer", "batch_size", "random_state", "validation_fraction")
+    params = {k: v for k, v in params.items() if k in keys or routing.routed_prefix(k)}
+    params = {k: v for k, v in params.items() if not k.startswith("callbacks__")}
+    return checkpoint.fingerprint(data.X, data.y, params)
+
+
+def resume(state: TrainingState, params: Mapping, source, fresh: bool) -> list:
+    """With a ``checkpoint`` file: mark ``state`` with the fit's fingerprint and, on a fresh fit whose
+    file exists, restore the saved state over it (refused if the file is another fit's).  Returns
+    the updates the saved epoch had taken (none without a file)."""
+    path = params["checkpoint"]
+    if path is None:
+        return []
+    current = fingerprint(params, source)
+    epoch_updates = []
+    if fresh and os.path.exists(path):
+        saved = checkpoint.load(path)
+        checkpoint.check_fingerprint(path, saved["fingerprint"], current)
+        epoch_updates = checkpoint.restore(state, saved, len(source))
+    state.fingerprint = current
+    return epoch_updates
+
+
+def ready(state: TrainingState, made: FitData) -> tuple[SampleWeightedLoss | None, tuple | None]:
+    """Check that the damper can drive the optimizer and bind them; returns the workers' criterion
+    (None: the state's, unweighted) and the held-out examples as the loop scores them."""
+    optimizer_plan.check_supported(state.optimizer, state.damper)
+    state.damper.bind_optimizer(optimizer_plan.lr_family(state.optimizer))
+    weighted = weighted_criterion(state.criterion, made.head[1]) if made.weighted else None
+    return weighted, made.valid if weighted is None or made.valid is None else (*made.valid, weighted)
+
+
+def initial_state(params: Mapping, made: FitData, targets: Targets) -> TrainingState:
+    """A fresh fit's state: everything built from the parameters, checked on the data's first examples
+    (``targets``: the default criterion and the output shape a criterion needs)."""
     X, y = made.head
     module = build_module(params, int(np.prod(X.shape[1:])), made.n_outputs, made.seed)
-    criterion = build_criterion(params, default_criterion)
-    check_output_shape(module, criterion, X, y, expected_output_shape(criterion, y[:2], made.n_outputs), params)
+    criterion = build_criterion(params, targets.default_criterion)
+    check_output_shape(module, criterion, X, y, targets.output_shape(criterion, y[:2], made.n_outputs), params)
     return TrainingState(
         module=module,
         criterion=criterion,

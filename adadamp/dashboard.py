@@ -122,6 +122,14 @@ def _plain(value) -> bool:
     return isinstance(value, int | float | str | bool) or value is None
 
 
+def opener(name: str, params: dict, state):
+    """What the fit loop calls to open a fit's page, ``page(client, last_epoch)``: a :class:`Publisher`
+    of estimator ``name`` with ``params`` (:func:`short_params`), training ``state`` (a
+    :class:`~adadamp.records.TrainingState`)."""
+    shown = short_params(params)
+    return lambda client, last: Publisher(client, name, shown, state.loop.n_data, last)
+
+
 def short_params(params: dict) -> dict:
     """An estimator's parameters as short strings for the page (classes by name)."""
     out = {}

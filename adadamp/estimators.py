@@ -10,29 +10,29 @@ This module is the scikit-learn contract only: the constructor parameters and th
 documentation, their constraint table (:mod:`adadamp.constraints`), ``fit`` / ``partial_fit`` /
 warm starts as one recipe (``_fit``), predict and score, the fitted attributes and their
 persistence.  The steps live below it: inputs become a data source in :mod:`adadamp.data`, the
-objects a fit trains are built in :mod:`adadamp.building`, epochs run in
-:func:`adadamp.engine.session.train`.  Most of its lines are the numpydoc documentation of the
+objects a fit trains are built in :mod:`adadamp.building` (with the checks that build something,
+the fit's seed and its resumption from a checkpoint file), epochs run in
+:func:`adadamp.engine.session.train`; the original adadamp's names (``meta_`` among them) are
+:mod:`adadamp.porting`'s.  Most of its lines are the numpydoc documentation of the
 parameters and methods, kept beside them as scikit-learn does.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import logging
-import os
 import types
 from typing import ClassVar
 
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
-from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 from torch import nn
 
 from . import building, checkpoint, constraints, dashboard, inference, porting, routing
-from . import callbacks as callbacks_mod
 from . import cluster as cl
 from .data import Labels, Values, convert, make_source
 from .engine import session
@@ -40,7 +40,6 @@ from .engine.backends import backend_names
 from .engine.loop import FitLoop
 from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
 from .records import TrainingState
-from .wire import optimizer_plan
 
 __all__ = ["BaseDaskEstimator", "DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
 
@@ -253,15 +252,6 @@ class BaseDaskEstimator(BaseEstimator):
         "verbose": (constraints.Integer(0), constraints.Boolean()),
     }
 
-    def __new__(cls, *args, **kwargs):
-        if cls is BaseDaskEstimator:
-            raise TypeError(
-                "BaseDaskEstimator (DaskBaseDamper) is the base class of DaskClassifier and DaskRegressor "
-                "and is not fitted itself: use DaskClassifier for labels, DaskRegressor for real-valued "
-                "targets (with criterion=... for the loss the original adadamp's DaskBaseDamper scored with)."
-            )
-        return super().__new__(cls)
-
     def __init__(
         self,
         module=None,
@@ -291,6 +281,8 @@ class BaseDaskEstimator(BaseEstimator):
         verbose: int = 0,
         **kwargs,
     ):
+        if type(self) is BaseDaskEstimator:
+            raise TypeError(porting.BASE_CLASS)
         self.module = module
         self.criterion = criterion
         self.optimizer = optimizer
@@ -367,39 +359,12 @@ class BaseDaskEstimator(BaseEstimator):
             super().set_params(**normal)
         return self
 
-    def _params_for(self, prefix: str) -> dict:
-        n = len(prefix) + 2
-        return {k[n:]: v for k, v in vars(self).items() if k.startswith(prefix + "__")}
-
-    def _check_params(self) -> None:
-        """Validate every parameter before any data or cluster work."""
-        known = set(self._init_param_names())
-        for key in self._get_param_names():
-            if key in known or routing.routed_prefix(key):
-                continue
-            hint = porting.estimator_hint(key)
-            if hint is not None:
-                raise ValueError(f"Unknown parameter {key!r} for {type(self).__name__}: {hint}.")
-            raise ValueError(f"Unknown parameter {key!r} for {type(self).__name__}.{routing.did_you_mean(key, known)}")
-        constraints.check(self._parameter_constraints, self.get_params(deep=False), _PARAMETER_HINTS)
-        if self.checkpoint_every is not None and self.checkpoint is None:
-            raise ValueError(f"checkpoint_every={self.checkpoint_every} needs a checkpoint file: pass checkpoint='fit.ckpt'.")
-        callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
-        closure = inspect.signature(self.optimizer.step).parameters.get("closure")
-        if closure is not None and closure.default is inspect.Parameter.empty:
-            raise ValueError(
-                f"optimizer={self.optimizer.__name__} needs a closure in step() (it evaluates the loss again within "
-                "an update), which data-parallel updates on the workers cannot give. Use a first-order optimizer "
-                "such as torch.optim.SGD or torch.optim.Adam."
-            )
-        # the optimizer's own checks (lr >= 0, ...) now, on one stand-in parameter, naming optimizer__*
-        routing.construct(self.optimizer, self._params_for("optimizer"), "optimizer", [torch.zeros(1, requires_grad=True)])
-        if self.client is not None and getattr(self.client, "status", "running") in ("closing", "closed"):
-            raise ValueError(
-                f"client= is closed (status {self.client.status!r}): pass a running distributed.Client, or "
-                "client=None to use the current one or the embedded cluster."
-            )
-
+    def _check_params(self) -> list:
+        """Validate every parameter before any data or cluster work; returns the fit's callbacks (clones)."""
+        routing.check_names(type(self).__name__, self._get_param_names(), self._init_param_names())
+        params = self.get_params(deep=False)
+        constraints.check(self._parameter_constraints, params, _PARAMETER_HINTS)
+        return building.check_params(params)
 
     # -------------------------------------------------------------- training
     def fit(self, X, y=None, sample_weight=None, **fit_params) -> BaseDaskEstimator:
@@ -510,8 +475,7 @@ class BaseDaskEstimator(BaseEstimator):
     def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None, keep: bool = False, sample_weight=None):
         """The recipe of ``fit`` and ``partial_fit``: check, make the data source, build or continue
         the state, train it on the cluster, and commit it only when training returns."""
-        self._check_params()
-        callbacks = callbacks_mod.resolve(self.callbacks, self._params_for("callbacks"))
+        callbacks = self._check_params()
         if sample_weight is not None and convert.is_dataset(X):
             raise ValueError("sample_weight is not taken with a torch Dataset as X: weight the examples' loss in "
                              "the criterion, or fit arrays.")
@@ -519,35 +483,24 @@ class BaseDaskEstimator(BaseEstimator):
         client = self._client()
         policy = cl.ClusterPolicy.of(params, embedded=client is None)
         with cl.reading_client(client, policy, workers_read=convert.is_dataset(X)) as (client, policy):
+            targets = self._targets(fresh, classes)
             made = make_source(
-                X, y, self._targets(fresh, classes), estimator=self, fresh=fresh, client=client,
-                seed=self._draw_seed if fresh else lambda: self.loop_.seed, sample_weight=sample_weight,
+                X, y, targets, estimator=self, fresh=fresh, client=client, sample_weight=sample_weight,
+                seed=functools.partial(building.draw_seed, self.random_state) if fresh else lambda: self.loop_.seed,
                 validation_fraction=self.validation_fraction,
                 loading={"threads": int(self.dataset_threads), "cache": bool(self.dataset_cache)},
             )
-            epoch_updates = []
             if fresh:
-                state = building.initial_state(params, made, self._default_criterion, self._expected_output_shape)
-                if self.checkpoint is not None and os.path.exists(self.checkpoint):
-                    saved = checkpoint.load(self.checkpoint)
-                    checkpoint.check_fingerprint(self.checkpoint, saved["fingerprint"], self._fingerprint(made.source))
-                    epoch_updates = checkpoint.restore(state, saved, len(made.source))
-                    epochs -= len(state.history)
+                state = building.initial_state(params, made, targets)
             else:  # on copies, so that a failed call leaves the fitted state as it was
                 state = building.continued_state(copy.deepcopy(self._state()), params, made, self._damper_spec_)
-            if self.checkpoint is not None:
-                state.fingerprint = self._fingerprint(made.source)
+            epoch_updates = building.resume(state, params, made.source, fresh)  # from the checkpoint file
+            if fresh:
+                epochs -= len(state.history)  # the epochs a resumed checkpoint trained
             state.callbacks = callbacks  # the clones that run, kept with what they learn
-            optimizer_plan.check_supported(state.optimizer, state.damper)
-            state.damper.bind_optimizer(optimizer_plan.lr_family(state.optimizer))
-            weighted = building.weighted_criterion(state.criterion, made.head[1]) if made.weighted else None
-            valid = made.valid if weighted is None or made.valid is None else (*made.valid, weighted)
-            shown = dashboard.short_params(params)
-            loop = FitLoop(
-                self, state, checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every, verbose=self.verbose,
-                valid=valid, page=lambda client, last: dashboard.Publisher(
-                    client, type(self).__name__, shown, state.loop.n_data, last),
-            )
+            weighted, valid = building.ready(state, made)
+            loop = FitLoop(self, state, checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every,
+                           verbose=self.verbose, valid=valid, page=dashboard.opener(type(self).__name__, params, state))
             self._training_state = state  # save_params from a callback saves this state, not the last fit's
             start = state.loop.n_updates
             try:
@@ -565,27 +518,8 @@ class BaseDaskEstimator(BaseEstimator):
         self._commit(state)
         return self
 
-    def _draw_seed(self) -> int:
-        """The fit's seed: from ``random_state``, or (None) from torch's global generator, so that
-        ``torch.manual_seed`` makes fits reproducible as it makes a PyTorch script (and skorch)."""
-        if self.random_state is None:
-            return int(torch.randint(2**31 - 1, ()).item())
-        return int(check_random_state(self.random_state).randint(2**31 - 1))
-
-    def _fingerprint(self, data) -> dict:
-        """What decides this fit's trajectory: the training data and the parameters (not max_epochs)."""
-        keys = ("module", "criterion", "optimizer", "batch_size", "random_state", "validation_fraction")
-        params = {k: v for k, v in self.get_params(deep=False).items() if k in keys or routing.routed_prefix(k)}
-        params = {k: v for k, v in params.items() if not k.startswith("callbacks__")}
-        return checkpoint.fingerprint(data.X, data.y, params)
-
     def _commit(self, state: TrainingState) -> None:
-        fresh_without_names = "n_features_in_" in state.targets and "feature_names_in_" not in state.targets
-        if fresh_without_names and hasattr(self, "feature_names_in_"):
-            del self.feature_names_in_  # a fresh fit on data without column names
-        for key, value in state.attributes().items():
-            setattr(self, key, value)
-        self.n_iter_ = len(self.history_)
+        state.set_on(self)
         self._damper_spec_ = building.damper_spec(self.get_params(deep=False))
 
     # --------------------------------------------------------- save / load
@@ -690,26 +624,11 @@ class BaseDaskEstimator(BaseEstimator):
         570
         """
         check_is_fitted(self)
-        last = self.history_[-1] if self.history_ else {}
-        loop = self.loop_
-        return types.MappingProxyType(
-            _Meta(
-                n_updates=loop.n_updates,
-                n_samples_seen=loop.n_samples_seen,
-                epochs=loop.epoch,
-                batch_size=last.get("batch_size"),
-                lr=last.get("lr"),
-                n_workers=last.get("n_workers"),
-                train_loss=last.get("train_loss"),
-            )
-        )
+        return porting.meta(self.loop_, self.history_)
 
     def __getattr__(self, name: str):
         """Only reached for a missing attribute: the original adadamp's names get their new spelling."""
-        hint = porting.ESTIMATOR_ATTRIBUTES.get(name)
-        if hint is not None:
-            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}: {hint}.")
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise porting.missing_attribute(type(self).__name__, name)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -752,8 +671,6 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
     True
     """
 
-    _default_criterion = nn.CrossEntropyLoss
-
     def partial_fit(self, X, y=None, classes=None, sample_weight=None) -> DaskClassifier:
         """Train one epoch; ``classes`` fixes the labels on the first call.
 
@@ -785,12 +702,6 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         """The labels of this fit's ``y``: those of ``classes=`` or ``y``, or the fitted ones (warm)."""
         return Labels(type(self).__name__, None if fresh else self.classes_, classes)
 
-    @staticmethod
-    def _expected_output_shape(criterion, target, n_outputs: int):
-        if isinstance(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)):
-            return (len(target), n_outputs)
-        return None
-
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities, columns in ``classes_`` order.
 
@@ -811,11 +722,7 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         >>> est.fit(X, y).predict_proba(X[:2]).sum(axis=1)  # doctest: +SKIP
         array([1., 1.])
         """
-        out = self._forward(X)
-        log_probabilities = isinstance(self.criterion_, nn.NLLLoss)
-        if convert.is_dask(out):
-            return out.map_blocks(inference.probabilities, log_probabilities=log_probabilities, dtype=np.float64)
-        return inference.probabilities(out, log_probabilities)
+        return inference.probabilities(self._forward(X), isinstance(self.criterion_, nn.NLLLoss))
 
     def predict(self, X) -> np.ndarray:
         """The most likely label of each example.
@@ -835,10 +742,7 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         >>> est.predict(X[:3])  # doctest: +SKIP
         array(['even', 'odd', 'even'], dtype='<U4')
         """
-        check_is_fitted(self)
-        out = self._forward(X)
-        if convert.is_dask(out):
-            return out.map_blocks(inference.labels, classes=self.classes_, drop_axis=1, dtype=self.classes_.dtype)
+        out = self._forward(X)  # checks that the estimator is fitted, before classes_ is read
         return inference.labels(out, self.classes_)
 
     def score(self, X, y=None, sample_weight=None) -> float:
@@ -880,15 +784,9 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
     >>> est = DaskRegressor(optimizer__lr=0.01, random_state=0).fit(X, y)  # doctest: +SKIP
     """
 
-    _default_criterion = nn.MSELoss
-
     def _targets(self, fresh: bool, classes=None) -> Values:
         """The values of this fit's ``y``; a warm start keeps the fitted ``y``'s dimensions."""
         return Values(None if fresh else self._y_1d)
-
-    @staticmethod
-    def _expected_output_shape(criterion, target, n_outputs: int):
-        return tuple(target.shape)
 
     def predict(self, X) -> np.ndarray:
         """Predicted targets, 1-d when ``y`` was 1-d.
@@ -941,14 +839,6 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
 
 
 # ------------------------------------------------------------------ helpers
-class _Meta(dict):
-    """``meta_``'s mapping: a key of the original adadamp's ``meta_`` gets its new spelling."""
-
-    def __missing__(self, key):
-        hint = porting.META_KEYS.get(key)
-        raise KeyError(hint if hint is not None else key)
-
-
 #: The original adadamp's name of the base class (kept for its users; it is not fitted itself).
 DaskBaseDamper = BaseDaskEstimator
 

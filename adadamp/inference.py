@@ -41,27 +41,31 @@ def _forward_block(block: np.ndarray, module: torch.nn.Module) -> np.ndarray:
     return forward(module, block)
 
 
-def probabilities(outputs: np.ndarray, log_probabilities: bool) -> np.ndarray:
+def probabilities(outputs, log_probabilities: bool):
     """Class probabilities from module outputs: their softmax, or their exponential when the
-    outputs are log-probabilities (``NLLLoss``).
+    outputs are log-probabilities (``NLLLoss``).  Dask outputs are mapped block by block.
 
     Examples
     --------
     >>> probabilities(np.zeros((1, 2)), log_probabilities=False).tolist()
     [[0.5, 0.5]]
     """
+    if convert.is_dask(outputs):
+        return outputs.map_blocks(probabilities, log_probabilities=log_probabilities, dtype=np.float64)
     out = torch.from_numpy(np.ascontiguousarray(outputs))
     return (out.exp() if log_probabilities else torch.softmax(out, dim=1)).numpy()
 
 
-def labels(outputs: np.ndarray, classes: np.ndarray) -> np.ndarray:
-    """The most likely class of each example.
+def labels(outputs, classes: np.ndarray):
+    """The most likely class of each example.  Dask outputs are mapped block by block.
 
     Examples
     --------
     >>> labels(np.array([[0.1, 0.9]]), np.array(["no", "yes"])).tolist()
     ['yes']
     """
+    if convert.is_dask(outputs):
+        return outputs.map_blocks(labels, classes=classes, drop_axis=1, dtype=classes.dtype)
     return classes[np.argmax(outputs, axis=1)]
 
 

@@ -9,6 +9,7 @@ table is also the "Coming from adadamp 0.x" page of the user guide.
 from __future__ import annotations
 
 import inspect
+import types
 
 
 class OldSpellingError(TypeError):
@@ -51,6 +52,58 @@ META_KEYS: dict[str, str] = {
     "score__acc": "meta_['score__acc'] is gone: call est.score(X, y) (accuracy for DaskClassifier)",
     "score__loss": "meta_['score__loss'] is gone: history_ has train_loss (and valid_loss with validation_fraction)",
 }
+
+#: Why ``DaskBaseDamper`` (the original adadamp's estimator, the base class here) is not fitted itself.
+BASE_CLASS = (
+    "BaseDaskEstimator (DaskBaseDamper) is the base class of DaskClassifier and DaskRegressor "
+    "and is not fitted itself: use DaskClassifier for labels, DaskRegressor for real-valued "
+    "targets (with criterion=... for the loss the original adadamp's DaskBaseDamper scored with)."
+)
+
+
+def missing_attribute(owner: str, name: str) -> AttributeError:
+    """The error for an attribute ``owner`` lacks: a name of the original adadamp gets its new spelling.
+
+    Examples
+    --------
+    >>> missing_attribute("DaskClassifier", "loss_")
+    AttributeError("DaskClassifier has no attribute 'loss_': `loss_` is called `criterion_` here (as in skorch).")
+    """
+    hint = ESTIMATOR_ATTRIBUTES.get(name)
+    if hint is not None:
+        return AttributeError(f"{owner} has no attribute {name!r}: {hint}.")
+    return AttributeError(f"{owner!r} object has no attribute {name!r}")
+
+
+class Meta(dict):
+    """``meta_``'s mapping: a key of the original adadamp's ``meta_`` gets its new spelling."""
+
+    def __missing__(self, key):
+        hint = META_KEYS.get(key)
+        raise KeyError(hint if hint is not None else key)
+
+
+def meta(loop, history: list[dict]) -> types.MappingProxyType:
+    """A fitted estimator's ``meta_`` (read-only): ``n_updates``, ``n_samples_seen`` and ``epochs``
+    from its epoch clock ``loop``, and ``batch_size``, ``lr``, ``n_workers`` and ``train_loss``
+    from the last row of ``history``.
+
+    Examples
+    --------
+    >>> from adadamp.dampers.clock import LoopState
+    >>> m = meta(LoopState(seed=0, n_data=10), [{"batch_size": 4, "train_loss": 0.5}])
+    >>> m["batch_size"], m["n_updates"]
+    (4, 0)
+    >>> m["n_data"]
+    Traceback (most recent call last):
+    KeyError: "meta_['n_data'] is called meta_['n_samples_seen'] here"
+    """
+    last = history[-1] if history else {}
+    return types.MappingProxyType(Meta(
+        n_updates=loop.n_updates, n_samples_seen=loop.n_samples_seen, epochs=loop.epoch,
+        **{key: last.get(key) for key in ("batch_size", "lr", "n_workers", "train_loss")},
+    ))
+
 
 _NO_DWELL = "`dwell` has no equivalent: the batch size is evaluated at every model update"
 _NOT_AN_OPTIMIZER = (

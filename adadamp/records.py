@@ -1,11 +1,13 @@
 """What the engine passes around, defined once: the messages between the client and its workers
-(a share request and its gradient reply, a worker's set-up and its reply, block moves, the
+(a share request and its gradient reply, a worker's set-up and its reply with the shared-memory
+and channel offers, block moves, an all-reduce group's forming and commits, a fit's release, the
 all-reduce step vector), one update's record, one epoch's row of ``history_``, and the training
 state a fit works on.
 
 Plain dataclasses with no Dask and no engine imports, so the workers (``adadamp.worker.plugin``,
 ``adadamp.wire.channel``) use them without importing the client side.  A message crosses a Dask
-RPC as plain data: :func:`to_message` on the sending side, ``Record(**message)`` on the other.  ``history_`` keeps plain dicts
+RPC as plain data: :func:`to_message` on the sending side (:func:`adadamp.wire.rpc.rpc_call`),
+``Record(**message)`` on the other.  ``history_`` keeps plain dicts
 (callbacks add keys such as ``valid_loss`` or ``event_cp``); :meth:`UpdateRecord.row` and
 :func:`epoch_row` are where those dicts are made.
 """
@@ -111,6 +113,38 @@ class ReplicaSettings:
 
 
 @dataclass
+class SharedFile:
+    """One array the client wrote to shared memory, for the workers on its host to map read-only."""
+
+    path: str
+    dtype: str  # numpy's dtype.str
+    shape: tuple[int, ...]
+
+    def __post_init__(self):
+        self.shape = tuple(self.shape)  # a list, as it crossed the RPC
+
+
+@dataclass
+class ShmOffer:
+    """What a worker's set-up needs to map the client's shared memory (:mod:`adadamp.wire.shm`):
+    the fit's weights, this worker's gradient buffer, the training data (if the client shared it)
+    and the token file that proves the worker is on the client's host, as the client's user."""
+
+    weights: str  # the paths of the weight and gradient buffers (float32)
+    gradient: str
+    token_path: str
+    token: str = field(repr=False)  # a secret: never logged
+    X: SharedFile | None = None  # the training data, when the client shared it
+    y: SharedFile | None = None
+
+    def __post_init__(self):
+        if isinstance(self.X, dict):  # as it crossed the RPC
+            self.X = SharedFile(**self.X)
+        if isinstance(self.y, dict):
+            self.y = SharedFile(**self.y)
+
+
+@dataclass
 class SetupRequest:
     """A worker's set-up for one fit: the arguments of the ``adadamp_setup`` RPC."""
 
@@ -118,7 +152,7 @@ class SetupRequest:
     payload: bytes = field(repr=False)  # cloudpickled (module, criterion, device[, optimizer]): large
     n_total: int  # the examples of the fit: a request naming any other index is refused
     channel: bool = False  # open a gradient channel (a tcp:// worker, dask config adadamp.channels)
-    shared: dict | None = field(default=None, repr=False)  # SharedBuffers.offer: files to map, their token (a secret)
+    shared: ShmOffer | None = None  # the client's shared memory, for a worker on its host
     dataset: bytes | None = field(default=None, repr=False)  # a lazy torch Dataset and how to load it (pickled)
     replica: ReplicaSettings | None = None  # all-reduce fits: the payload holds the optimizer too
     fuse: bool = False  # a request's several shards may be one forward pass (speed-based shares)
@@ -126,6 +160,8 @@ class SetupRequest:
     def __post_init__(self):
         if isinstance(self.replica, dict):  # as it crossed the RPC
             self.replica = ReplicaSettings(**self.replica)
+        if isinstance(self.shared, dict):
+            self.shared = ShmOffer(**self.shared)
 
 
 @dataclass
@@ -166,6 +202,70 @@ class BlockMove:
     fit_id: str  # the fit whose blocks change
     add: list[Block]  # the blocks it takes (sent pickled: they hold arrays)
     drop: list[int]  # the numbers of the blocks it gives up
+
+
+@dataclass
+class BlocksReply:
+    """The reply of the ``adadamp_data`` RPC: the blocks the worker holds for the fit now."""
+
+    blocks: tuple[int, ...]
+
+    def __post_init__(self):
+        self.blocks = tuple(self.blocks)
+
+
+@dataclass
+class GroupRequest:
+    """The arguments of the ``adadamp_group`` RPC: form an all-reduce fit's next group
+    (:meth:`adadamp.worker.replica.Replica.join`); every member is called at once."""
+
+    fit_id: str
+    generation: int  # the group's number: its rendezvous keys, and what requests name
+    rank: int  # this member's rank in it (rank 0 broadcasts its state to the others)
+    size: int
+    step: np.ndarray | None = None  # the step the member may still owe (StepVector.encode; None: none)
+    restore: bytes | None = field(default=None, repr=False)  # rank 0 only: the client's committed state
+
+
+@dataclass
+class GroupReply:
+    """The reply of the ``adadamp_group`` RPC."""
+
+    applied: int  # the updates the member's state has taken
+    seconds: float  # how long forming the group took on the member
+
+
+@dataclass
+class CommitRequest:
+    """The arguments of the ``adadamp_commit`` RPC: take an all-reduce fit's pending step
+    (:meth:`adadamp.worker.replica.Replica.commit`)."""
+
+    fit_id: str
+    step: np.ndarray | None = None  # the pending step's StepVector.encode (None: drop the pending gradient)
+    state: bool = False  # reply with the replica's state (the client's copy is brought up to date)
+    groups: bytes | None = None  # the client's param groups (torch.save, no parameters): new hyperparameters
+
+
+@dataclass
+class CommitReply:
+    """The reply of the ``adadamp_commit`` RPC."""
+
+    applied: int  # the updates the replica's state has taken
+    state: bytes | None = field(default=None, repr=False)  # the replica's state, if asked (dump_state)
+
+
+@dataclass
+class ReleaseRequest:
+    """The arguments of the ``adadamp_release`` RPC: drop a fit's state on the worker."""
+
+    fit_id: str
+
+
+@dataclass
+class ReleaseReply:
+    """The reply of the ``adadamp_release`` RPC."""
+
+    released: bool  # the worker held the fit (False: it was gone already, e.g. dropped as idle)
 
 
 @dataclass(frozen=True)
@@ -306,6 +406,14 @@ class TrainingState:
         out = {attr: getattr(self, name) for name, attr in self.ATTRIBUTES.items()}
         out.update(self.targets)
         return out
+
+    def set_on(self, estimator) -> None:
+        """Make this state ``estimator``'s fitted attributes (and ``n_iter_``, the epochs trained)."""
+        if "n_features_in_" in self.targets and "feature_names_in_" not in self.targets:
+            estimator.__dict__.pop("feature_names_in_", None)  # a fresh fit on data without column names
+        for key, value in self.attributes().items():
+            setattr(estimator, key, value)
+        estimator.n_iter_ = len(self.history)
 
     @classmethod
     def of(cls, estimator, target_keys: tuple[str, ...]) -> TrainingState:

@@ -26,6 +26,27 @@ def routed_prefix(key: str) -> str | None:
     return None
 
 
+def check_names(owner: str, names, known) -> None:
+    """Refuse a parameter of ``owner`` that is neither one of ``known`` (its constructor's) nor routed:
+    a name of the original adadamp gets its new spelling, a typo the closest name.
+
+    Examples
+    --------
+    >>> check_names("DaskRegressor", ["max_epochs", "optimizer__lr"], {"max_epochs"})
+    >>> check_names("DaskRegressor", ["max_epoch"], {"max_epochs"})
+    Traceback (most recent call last):
+    ValueError: Unknown parameter 'max_epoch' for DaskRegressor. Did you mean 'max_epochs'?
+    """
+    known = set(known)
+    for key in names:
+        if key in known or routed_prefix(key):
+            continue
+        hint = porting.estimator_hint(key)
+        if hint is not None:
+            raise ValueError(f"Unknown parameter {key!r} for {owner}: {hint}.")
+        raise ValueError(f"Unknown parameter {key!r} for {owner}.{did_you_mean(key, known)}")
+
+
 def construct(factory, params: dict, prefix: str, *args):
     """Call ``factory(*args, **params)``, naming the routed key on a bad name."""
     try:

@@ -9,7 +9,25 @@ from adadamp.dampers.epoch import run_epoch
 from adadamp.data.placement import Placement, plan_moves
 from adadamp.engine import AllReduce, Backend, LoopState, ParameterServer, Sampler
 from adadamp.engine.backends import backend_names, get_backend, register_backend
-from adadamp.records import UpdateRecord, epoch_row
+from adadamp.records import (
+    BlocksReply,
+    ChannelOffer,
+    CommitReply,
+    CommitRequest,
+    GroupReply,
+    GroupRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    ReplicaSettings,
+    SetupReply,
+    SetupRequest,
+    SharedFile,
+    ShmOffer,
+    UpdateRecord,
+    epoch_row,
+    to_message,
+)
+from adadamp.wire.rpc import rpc_call
 
 
 def test_sampler_draws_one_permutation_per_data_epoch_without_straddling():
@@ -168,3 +186,26 @@ def test_a_batch_plan_names_the_examples_the_client_would_have_listed(n_blocks, 
         assert counts.tolist() == plan.shards[:, 2].tolist()
         if placement.block_size:
             np.testing.assert_array_equal(plan.ahead(n, 1, perm), ahead[owner_of_ahead == k])
+
+
+def test_the_rpc_messages_cross_as_themselves():
+    """Each RPC's record, sent as Dask's comm sends it (msgpack) and rebuilt on the other side
+    (``Record(**message)``), equals what was sent: nested records (the offers) included."""
+    from distributed.protocol import dumps, loads
+
+    offer = ShmOffer("/dev/shm/w", "/dev/shm/g", "/dev/shm/token", "secret",
+                     X=SharedFile("/dev/shm/X", "<f4", (3, 2)), y=SharedFile("/dev/shm/y", "<i8", (3,)))
+    messages = [
+        SetupRequest("fit", b"payload", 3, shared=offer, replica=ReplicaSettings(30.0, 25.0, 0)),
+        SetupReply(True, True, ChannelOffer(8786, b"key")),
+        BlocksReply((0, 3)),
+        GroupRequest("fit", 2, 0, 3, restore=b"state"), GroupReply(4, 0.5),
+        CommitRequest("fit", state=True, groups=b"groups"), CommitReply(4, b"state"),
+        ReleaseRequest("fit"), ReleaseReply(True),
+    ]
+    for message in messages:
+        assert type(message)(**loads(dumps(to_message(message)))) == message
+    assert "secret" not in repr(offer)  # the token proves the client's user: never logged
+    step = np.array([2.0, 7.0, -1.0, 1.0])
+    _, op, kwargs = rpc_call("tcp://w:1", "adadamp_commit", CommitRequest("fit", step), serialized=("step",))
+    assert op == "adadamp_commit" and np.array_equal(CommitRequest(**loads(dumps(kwargs))).step, step)

@@ -4,6 +4,7 @@ checkpoint file can neither run code, be one that others could have written, nor
 connections to a worker's channel cannot stall or end the fit, and a worker's memory does not
 grow with the whole data set."""
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -23,7 +24,6 @@ import numpy as np
 import pytest
 import torch
 from distributed import Client, LocalCluster
-from distributed.protocol import to_serialize
 
 from adadamp import DaskRegressor, checkpoint
 from adadamp.callbacks import Callback
@@ -32,15 +32,18 @@ from adadamp.engine.transport import Transport
 from adadamp.records import (
     Block,
     BlockMove,
+    BlocksReply,
     ChannelOffer,
     GradientReply,
+    ReleaseReply,
+    ReleaseRequest,
     SetupReply,
     SetupRequest,
     ShareRequest,
-    to_message,
 )
 from adadamp.wire import shm
 from adadamp.wire.channel import Channel, ChannelServer
+from adadamp.wire.rpc import rpc_call
 from adadamp.worker import plugin as _worker
 from adadamp.worker.plugin import TrainerPlugin
 from adadamp.worker.resident import ResidentData
@@ -137,8 +140,9 @@ def test_a_worker_without_the_token_uses_the_socket(tmp_path):
     try:
         offer = buffers.offer("tcp://worker:1")
         assert shm.attach(offer, 8) is not None
-        assert shm.attach({**offer, "token": "guessed"}, 8) is None
-        assert shm.attach({**offer, "token_path": str(tmp_path / "nowhere")}, 8) is None  # another machine
+        assert buffers.token not in repr(offer)  # a secret: a record logged shows none
+        assert shm.attach(dataclasses.replace(offer, token="guessed"), 8) is None
+        assert shm.attach(dataclasses.replace(offer, token_path=str(tmp_path / "nowhere")), 8) is None  # another machine
         assert shm.attach(offer, 9) is None  # another model
     finally:
         buffers.close()
@@ -358,14 +362,14 @@ def test_a_channel_nobody_authenticates_on_closes_but_the_fit_goes_on(client):
     old = client.run(_set_accept_timeout, 1.0, workers=[worker])[worker]
     try:
         setup = SetupRequest(fit_id, cloudpickle.dumps((module, torch.nn.MSELoss(), "cpu")), len(X), channel=True)
-        [reply] = transport.call_all([(worker, "adadamp_setup", to_message(setup))])
+        [reply] = transport.call_all([rpc_call(worker, "adadamp_setup", setup)])
         offer = SetupReply(**reply).channel
         assert "token" not in repr(offer)  # a secret: a record logged shows none
         transport.connect(worker, ChannelOffer(offer.port, bytes(len(offer.token))))  # a wrong key
         assert worker not in transport.channels  # ... so its gradients go through Dask RPCs
         move = BlockMove(fit_id, [Block(0, np.arange(len(X)), X, y)], [])
-        [placed] = transport.call_all([(worker, "adadamp_data", {**to_message(move), "add": to_serialize(move.add)})])
-        assert list(placed["blocks"]) == [0]
+        [placed] = transport.call_all([rpc_call(worker, "adadamp_data", move, serialized=("add",))])
+        assert BlocksReply(**placed).blocks == (0,)
         share = [ShareRequest(worker, seed=0, indices=np.arange(len(X)))]
         [before], _ = transport.round(share, 1, weights, on_reply=lambda *a: None)
         deadline = time.monotonic() + 30
@@ -378,8 +382,9 @@ def test_a_channel_nobody_authenticates_on_closes_but_the_fit_goes_on(client):
         np.testing.assert_array_equal(after.grad, before.grad)
     finally:
         client.run(_set_accept_timeout, old, workers=[worker])
-        transport.call_all([(worker, "adadamp_release", {"fit_id": fit_id})])
+        [released] = transport.call_all([rpc_call(worker, "adadamp_release", ReleaseRequest(fit_id))])
         transport.close()
+    assert ReleaseReply(**released).released  # the fit was still there
 
 
 # -------------------------------------------------------------------------------- worker memory

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..records import UpdateRecord
 from ._validation import _check_int, _is_real
 from .adascale import AdaScale
 from .base import BaseDamper, GradStats, TrainState, UpdatePlan
 from .least_squares import grouped_fit
 from .momentum import _check_momentum, _resolve_momentum
-
-if TYPE_CHECKING:
-    from ..records import UpdateRecord
 
 #: Timing samples the throughput model is fitted to (the most recent updates).
 WINDOW = 256

@@ -33,10 +33,10 @@ import cloudpickle
 import numpy as np
 from dask.base import tokenize
 from distributed import Client, Future, wait
-from distributed.protocol import to_serialize
 
-from ..records import Block, BlockMove, to_message
+from ..records import Block, BlockMove
 from ..wire.lost import LOST
+from ..wire.rpc import rpc_call
 from ..worker.plugin import load_block
 from .digest import data_digest
 from .placement import Placement
@@ -277,7 +277,7 @@ def _flat(keys):
 
 def _data_call(worker: str, move: BlockMove) -> tuple[str, str, dict]:
     """The ``adadamp_data`` RPC of ``move`` (its blocks pickled: they hold arrays)."""
-    return worker, "adadamp_data", {**to_message(move), "add": to_serialize(move.add)}
+    return rpc_call(worker, "adadamp_data", move, serialized=("add",))
 
 
 def _lost_ones(calls: list, replies: list) -> dict:

@@ -4,7 +4,8 @@ A classifier's targets are class labels (:class:`Labels`: ``classes_``, labels e
 indices); a regressor's are values (:class:`Values`: float32 columns, ``_y_1d``).  Either encodes
 ``y`` held in memory (:meth:`Targets.encode`), a dask ``y`` lazily on the cluster after one pass
 of checks (:meth:`Targets.dask_checks`, :meth:`Targets.encode_dask`), and one example's target
-on the workers that read a torch Dataset (:meth:`Targets.example_encoder`).
+on the workers that read a torch Dataset (:meth:`Targets.example_encoder`).  Each also says
+which criterion fits it by default and what output shape a criterion needs for it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import dask.array as da
 import numpy as np
 from sklearn.exceptions import DataConversionWarning
 from sklearn.utils.multiclass import check_classification_targets
+from torch import nn
 
 from ..worker.loading import float_targets
 from .convert import dataset_arrays
@@ -47,6 +49,8 @@ class Targets:
 
     #: Whether scikit-learn's validation requires numeric ``y`` (``validate_data(y_numeric=...)``).
     y_numeric = False
+    #: The criterion of ``criterion=None``.
+    default_criterion: type[nn.Module]
 
     def encode(self, y: np.ndarray) -> tuple[np.ndarray, dict]:
         """``y`` in memory, encoded; and the target attributes."""
@@ -72,6 +76,10 @@ class Targets:
         """The module's output width for encoded targets ``y``."""
         raise NotImplementedError
 
+    def output_shape(self, criterion: nn.Module, y: np.ndarray, n_outputs: int) -> tuple | None:
+        """The module output's shape ``criterion`` needs for encoded targets ``y`` (None: any it takes)."""
+        return None
+
 
 class Labels(Targets):
     """Class labels of any type; ``classes_`` holds them sorted, training takes their indices.
@@ -91,6 +99,8 @@ class Labels(Targets):
     >>> y.tolist(), attrs["classes_"].tolist()
     ([1, 0, 1], ['a', 'b'])
     """
+
+    default_criterion = nn.CrossEntropyLoss
 
     def __init__(self, owner: str, fitted: np.ndarray | None = None, classes=None):
         self.owner = owner
@@ -139,6 +149,12 @@ class Labels(Targets):
     def n_outputs(self, attrs: dict, y: np.ndarray) -> int:
         return len(attrs["classes_"])
 
+    def output_shape(self, criterion: nn.Module, y: np.ndarray, n_outputs: int) -> tuple | None:
+        """One score per class, for the criteria that take class indices."""
+        if isinstance(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)):
+            return (len(y), n_outputs)
+        return None
+
     @staticmethod
     def _check_1d(y) -> None:
         if y.ndim != 1:
@@ -183,6 +199,7 @@ class Values(Targets):
     """
 
     y_numeric = True
+    default_criterion = nn.MSELoss
 
     def __init__(self, fitted_1d: bool | None = None):
         self.fitted_1d = fitted_1d
@@ -213,6 +230,9 @@ class Values(Targets):
 
     def n_outputs(self, attrs: dict, y: np.ndarray) -> int:
         return y.shape[1]
+
+    def output_shape(self, criterion: nn.Module, y: np.ndarray, n_outputs: int) -> tuple:
+        return tuple(y.shape)
 
     def _check_dims(self, y) -> bool:
         """Whether y is 1-d; a warm start keeps the dimensions it was fitted with."""

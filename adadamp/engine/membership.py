@@ -27,7 +27,8 @@ from distributed import Client
 
 from .. import cluster as cl
 from ..exceptions import NoWorkersError, SchedulerLostError
-from ..records import SetupReply, SetupRequest, to_message
+from ..records import ReleaseRequest, SetupReply, SetupRequest
+from ..wire.rpc import rpc_call
 from .transport import LOST, Transport
 
 logger = logging.getLogger(__name__)
@@ -249,7 +250,7 @@ class Membership:
     # ------------------------------------------------------------------ set-up
     def _setup_calls(self, workers: list[str]) -> list[tuple[str, str, dict]]:
         self.set_up.update(workers)
-        return [(w, "adadamp_setup", to_message(self._setup(w))) for w in workers]
+        return [rpc_call(w, "adadamp_setup", self._setup(w)) for w in workers]
 
     def _finish_setup(self, workers: list[str], replies: list) -> tuple[list[str], list[str]]:
         """Connect the workers whose set-up succeeded; returns (ready, failed)."""
@@ -290,7 +291,7 @@ class Membership:
         reachable = [w for w in self.set_up if not self.quarantined(w)]  # a hung one drops it when it wakes
         with contextlib.suppress(Exception):
             self.transport.call_all(
-                [(w, "adadamp_release", {"fit_id": self.transport.fit_id}) for w in reachable], timeout=5.0
+                [rpc_call(w, "adadamp_release", ReleaseRequest(self.transport.fit_id)) for w in reachable], timeout=5.0
             )
         self.set_up.clear()
 

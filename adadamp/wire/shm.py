@@ -22,7 +22,7 @@ The directory is ``dask.config`` key ``adadamp.shm-dir`` (default
 empty string turns shared memory off.
 
 This module runs on both sides and imports neither the client side nor Dask's
-scheduler machinery.
+scheduler machinery; what a worker's set-up receives is a :class:`~adadamp.records.ShmOffer`.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ import tempfile
 import uuid
 
 import numpy as np
+
+from ..records import SharedFile, ShmOffer
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +137,7 @@ class SharedBuffers:
         self.weights = create_private_array(self._weights_path, size)
         self.gradients: dict[str, np.ndarray] = {}
         self.maps_data: set[str] = set()  # workers that read the training data from shared memory
-        self._data_offer: dict | None = None
+        self._data: dict[str, SharedFile] = {}  # the training data's files, once shared
         self._paths: dict[str, str] = {}
         self._count = 0
         self._warned = False
@@ -160,24 +162,24 @@ class SharedBuffers:
                 shutil.rmtree(directory, ignore_errors=True)
             return None
 
-    def share_data(self, **arrays: np.ndarray) -> None:
+    def share_data(self, X: np.ndarray, y: np.ndarray) -> None:
         """Copy the training data here once, for the workers on this machine to map (read-only)
         instead of each receiving its blocks over a socket.  Without the space: the sockets."""
-        offer = {}
+        files = {}
         try:
-            for name, a in arrays.items():
+            for name, a in (("X", X), ("y", y)):
                 path = os.path.join(self.directory, f"data-{name}")
                 _write_private(path, np.ascontiguousarray(a))
-                offer[name] = {"path": path, "dtype": a.dtype.str, "shape": a.shape}
+                files[name] = SharedFile(path, a.dtype.str, a.shape)
         except OSError as err:
             logger.warning("no shared memory for the training data (%s); it goes to the workers over sockets", err)
-            for part in offer.values():
+            for part in files.values():
                 with contextlib.suppress(OSError):
-                    os.remove(part["path"])
+                    os.remove(part.path)
             return
-        self._data_offer = offer
+        self._data = files
 
-    def offer(self, worker: str) -> dict | None:
+    def offer(self, worker: str) -> ShmOffer | None:
         """Create ``worker``'s gradient buffer; what its set-up call needs to map both (None: no space)."""
         self._count += 1
         path = os.path.join(self.directory, f"gradient-{self._count}")
@@ -191,8 +193,7 @@ class SharedBuffers:
                 self._warned = True
             return None
         self._paths[worker] = path
-        return {"weights": self._weights_path, "gradient": path, "token_path": self._token_path,
-                "token": self.token, "data": self._data_offer}
+        return ShmOffer(self._weights_path, path, self._token_path, self.token, **self._data)
 
     def drop(self, worker: str) -> None:
         self.gradients.pop(worker, None)
@@ -210,7 +211,7 @@ class SharedBuffers:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def attach(offer: dict, size: int) -> tuple[np.ndarray, np.ndarray] | None:
+def attach(offer: ShmOffer, size: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The worker's side: map the client's weights and this worker's gradient (``size`` floats), or None.
 
     None means "use the socket": another machine (no such token file),
@@ -219,36 +220,34 @@ def attach(offer: dict, size: int) -> tuple[np.ndarray, np.ndarray] | None:
     try:
         if not _same_user_here(offer):
             return None
-        return open_private_array(offer["weights"], size), open_private_array(offer["gradient"], size)
+        return open_private_array(offer.weights, size), open_private_array(offer.gradient, size)
     except OSError as err:
         if not isinstance(err, FileNotFoundError):  # another machine is the usual reason, and no news
             logger.warning("not mapping the client's shared memory (%s); using the socket", err)
         return None
 
 
-def attach_data(offer: dict) -> dict[str, np.ndarray] | None:
-    """The worker's side: the training data the client shared (read-only arrays by name), or None."""
-    parts = offer.get("data")
-    if not parts:
+def attach_data(offer: ShmOffer) -> tuple[np.ndarray, np.ndarray] | None:
+    """The worker's side: the training data the client shared (read-only ``X`` and ``y``), or None."""
+    if offer.X is None or offer.y is None:
         return None
     try:
         if not _same_user_here(offer):
             return None
-        return {
-            name: _map(p["path"], int(np.prod(p["shape"])), 0, p["dtype"], tuple(p["shape"]), writable=False)
-            for name, p in parts.items()
-        }
+        return tuple(
+            _map(p.path, int(np.prod(p.shape)), 0, p.dtype, tuple(p.shape), writable=False) for p in (offer.X, offer.y)
+        )
     except OSError as err:
         logger.warning("not mapping the client's training data (%s); it comes over the socket", err)
         return None
 
 
-def _same_user_here(offer: dict) -> bool:
+def _same_user_here(offer: ShmOffer) -> bool:
     """Whether the fit's token file is here, private to this user, and holds the fit's token."""
-    fd = os.open(offer["token_path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(offer.token_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd) as f:
-        _check_private(os.fstat(f.fileno()), offer["token_path"], None)
-        return f.read() == offer["token"]
+        _check_private(os.fstat(f.fileno()), offer.token_path, None)
+        return f.read() == offer.token
 
 
 def sweep(root: str) -> None:

@@ -32,7 +32,21 @@ import torch
 from distributed import WorkerPlugin
 from distributed.protocol import to_serialize
 
-from ..records import Block, BlockMove, ChannelOffer, GradientReply, SetupReply, SetupRequest, StepVector, to_message
+from ..records import (
+    Block,
+    BlockMove,
+    BlocksReply,
+    ChannelOffer,
+    CommitRequest,
+    GradientReply,
+    GroupRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    SetupReply,
+    SetupRequest,
+    StepVector,
+    to_message,
+)
 from ..wire.batches import BatchPlan
 from ..wire.channel import IDLE_TIMEOUT, ChannelServer, tcp_host
 from ..wire.parameters import bind_parameters, examples_independent, flatten_parameters, float_buffers
@@ -166,7 +180,7 @@ class Trainer:
             if replica is not None:
                 data = attach_data(shared) if shared is not None and device.type == "cpu" else None
                 if data is not None:
-                    state.data.share(data["X"], data["y"])
+                    state.data.share(*data)
                 state.replica = Replica(state, optimizer[0], fit_id=fit_id, worker=self.worker,
                                         **to_message(replica))
             if mapped is not None:
@@ -178,7 +192,7 @@ class Trainer:
                 state.shared = True
                 data = attach_data(shared) if device.type == "cpu" else None
                 if data is not None:  # this worker reads the client's training data in place
-                    state.data.share(data["X"], data["y"])
+                    state.data.share(*data)
             self.fits[fit_id] = state
             return state
 
@@ -226,13 +240,18 @@ class Trainer:
             if now - state.last_used > IDLE_SECONDS:
                 self.close_fit(fit_id, only=state)
 
-    async def adadamp_release(self, fit_id: str) -> dict:
+    async def adadamp_release(self, **message) -> dict:
+        """Drop a fit's state (``message``: a :class:`~adadamp.records.ReleaseRequest`; the reply
+        is a :class:`~adadamp.records.ReleaseReply`)."""
+        fit_id = ReleaseRequest(**message).fit_id
+        reply = ReleaseReply(released=fit_id in self.fits)
         self.close_fit(fit_id)
-        return {"status": "OK"}
+        return to_message(reply)
 
     # ------------------------------------------------------------------ data
     async def adadamp_data(self, **message) -> dict:
-        """Take and drop data blocks (``message``: a :class:`~adadamp.records.BlockMove`)."""
+        """Take and drop data blocks (``message``: a :class:`~adadamp.records.BlockMove`; the reply
+        is a :class:`~adadamp.records.BlocksReply`)."""
         move = BlockMove(**message)
 
         def update():
@@ -240,8 +259,7 @@ class Trainer:
             state.update_blocks(move.add, move.drop)
             return sorted(state.block_index)
 
-        blocks = await self._run(update)
-        return {"status": "OK", "blocks": blocks}
+        return to_message(BlocksReply(await self._run(update)))
 
     # ------------------------------------------------------------------ updates
     async def adadamp_gradient(
@@ -267,17 +285,21 @@ class Trainer:
             return run()
         return await self._run(run)
 
-    async def adadamp_group(self, fit_id: str, generation: int, rank: int, size: int, step=None,
-                            restore=None) -> dict:
-        """Form an all-reduce fit's next group (all members are called at once)."""
-        replica = self.fits[fit_id].replica
-        return await self._run(replica.join, generation, rank, size, StepVector.decode(step), restore)
+    async def adadamp_group(self, **message) -> dict:
+        """Form an all-reduce fit's next group (``message``: a :class:`~adadamp.records.GroupRequest`;
+        the reply is a :class:`~adadamp.records.GroupReply`)."""
+        r = GroupRequest(**message)
+        replica = self.fits[r.fit_id].replica
+        return to_message(await self._run(replica.join, r.generation, r.rank, r.size, StepVector.decode(r.step),
+                                          r.restore))
 
-    async def adadamp_commit(self, fit_id: str, step=None, state: bool = False, groups=None) -> dict:
-        """Take an all-reduce fit's pending step (and the client's param groups); return the
-        replica's state if asked."""
-        replica = self.fits[fit_id].replica
-        return await self._run(replica.commit, StepVector.decode(step), state, groups)
+    async def adadamp_commit(self, **message) -> dict:
+        """Take an all-reduce fit's pending step (and the client's param groups); the replica's
+        state if asked (``message``: a :class:`~adadamp.records.CommitRequest`; the reply is a
+        :class:`~adadamp.records.CommitReply`)."""
+        r = CommitRequest(**message)
+        replica = self.fits[r.fit_id].replica
+        return to_message(await self._run(replica.commit, StepVector.decode(r.step), r.state, r.groups))
 
 
 #: This process's fits and handlers.

@@ -45,7 +45,7 @@ from distributed.comm import get_address_host
 from distributed.utils import sync
 
 from ..exceptions import CollectiveError
-from ..records import GradientReply, StepVector, examples_digest
+from ..records import CommitReply, GradientReply, GroupReply, StepVector, examples_digest
 from ..wire.batches import BatchPlan, epoch_permutation
 from ..wire.optimizer_plan import apply_settings
 from ..wire.parameters import trainable
@@ -276,7 +276,7 @@ class Replica:
         self.buckets = Buckets(trainable(state.module), state.grads, int(bucket_mb * mb), min(mb, int(bucket_mb * mb)))
 
     # ------------------------------------------------------------------ the group
-    def join(self, generation: int, rank: int, size: int, step: StepVector | None, restore: bytes | None) -> dict:
+    def join(self, generation: int, rank: int, size: int, step: StepVector | None, restore: bytes | None) -> GroupReply:
         """Form generation ``generation``'s group as ``rank`` of ``size`` and take rank 0's state.
 
         ``step`` is the step this replica may still owe (taken first, if it was not); ``restore``
@@ -286,7 +286,7 @@ class Replica:
         with self.state.lock:
             return self._join(generation, rank, size, step, restore)
 
-    def _join(self, generation, rank, size, step, restore) -> dict:
+    def _join(self, generation, rank, size, step, restore) -> GroupReply:
         start = time.perf_counter()
         self.take_step(step, strict=False)  # a joiner owes nothing: it takes rank 0's state below
         self.group = None  # the last generation's group: its peers may be gone
@@ -305,7 +305,7 @@ class Replica:
         except RuntimeError as err:
             failure = str(err)
         else:
-            return {"applied": self.applied, "seconds": time.perf_counter() - start}
+            return GroupReply(self.applied, time.perf_counter() - start)
         self._drop_group(abort=True)  # also when no group was built: the peers still wait in the rendezvous
         raise CollectiveError(f"forming generation {generation} failed on rank {rank}: {failure}")
 
@@ -534,7 +534,7 @@ class Replica:
             with contextlib.suppress(Exception):  # the scheduler may be gone
                 self._prefix.set(ABORT, b"1")
 
-    def commit(self, step: StepVector | None, state: bool, groups: bytes | None = None) -> dict:
+    def commit(self, step: StepVector | None, state: bool, groups: bytes | None = None) -> CommitReply:
         """Take the pending step (the end of an epoch or of the fit); return the state if asked.
 
         ``groups``: the client's param groups (``torch.save``d, without the parameters): a warm
@@ -547,7 +547,7 @@ class Replica:
             if groups is not None:
                 for group, new in zip(self.optimizer.param_groups, torch.load(io.BytesIO(groups), weights_only=True)):
                     group.update({k: v for k, v in new.items() if k != "params"})
-            return {"applied": self.applied, "state": self.dump() if state else None}
+            return CommitReply(self.applied, self.dump() if state else None)
 
     def close(self) -> None:
         self.buckets.close()

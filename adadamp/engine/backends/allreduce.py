@@ -53,16 +53,16 @@ import dask
 import numpy as np
 import torch
 from distributed import Client
-from distributed.protocol import to_serialize
 
 from ...dampers import BaseDamper
 from ...dampers.clock import LoopState, Sampler
 from ...dampers.epoch import run_epoch
 from ...exceptions import CollectiveError, NoWorkersError, StopTraining
-from ...records import ReplicaSettings, SetupRequest, ShareRequest, StepVector
+from ...records import CommitReply, CommitRequest, GroupRequest, ReplicaSettings, SetupRequest, ShareRequest, StepVector
 from ...wire.batches import BatchPlan, dropout_seed
 from ...wire.optimizer_plan import apply_plan, group_settings
 from ...wire.parameters import flatten_parameters, float_buffers
+from ...wire.rpc import rpc_call
 from ...worker.replica import ABORT, dump_state, load_state
 from ..aggregation import Totals
 from ..speeds import lost_after
@@ -206,11 +206,8 @@ class AllReduce(Backend):
         step = self._step_vector(-1)
         t0 = time.perf_counter()
         calls = [
-            (w, "adadamp_group", {
-                "fit_id": self.fit_id, "generation": self.generation, "rank": rank, "size": len(order),
-                "step": None if step is None else to_serialize(step),
-                "restore": restore if rank == 0 else None,
-            })
+            rpc_call(w, "adadamp_group", GroupRequest(self.fit_id, self.generation, rank, len(order), step,
+                                                      restore if rank == 0 else None), serialized=("step",))
             for rank, w in enumerate(order)
         ]
         replies = self.client.sync(self._form, calls, self.transport.timeout)
@@ -253,7 +250,7 @@ class AllReduce(Backend):
         torch.save(groups, buf)
         current = [w for w in self.workers if w in self._current]
         replies = self.transport.call_all(
-            [(w, "adadamp_commit", {"fit_id": self.fit_id, "groups": buf.getvalue()}) for w in current]
+            [rpc_call(w, "adadamp_commit", CommitRequest(self.fit_id, groups=buf.getvalue())) for w in current]
         )
         lost = tuple(w for w, r in zip(current, replies) if isinstance(r, BaseException))
         if lost:  # they are re-set up (with the client's optimizer) when the group is formed again
@@ -296,8 +293,7 @@ class AllReduce(Backend):
         while candidates:
             source = candidates[0]
             calls = [
-                (w, "adadamp_commit", {"fit_id": self.fit_id, "step": None if step is None else to_serialize(step),
-                                       "state": w == source})
+                rpc_call(w, "adadamp_commit", CommitRequest(self.fit_id, step, state=w == source), serialized=("step",))
                 for w in self.workers if w in self._current
             ]
             replies = self.transport.call_all(calls)
@@ -306,7 +302,7 @@ class AllReduce(Backend):
             self._current -= set(lost)
             good = by_worker[source]
             if not isinstance(good, BaseException):
-                load_state(good["state"], self.flat, self._buffers, self.optimizer, keep_groups=True)
+                load_state(CommitReply(**good).state, self.flat, self._buffers, self.optimizer, keep_groups=True)
                 self._step_owed = None
                 if self._epoch_updates is not None and self.loop.n_updates != self._commit.loop.n_updates:
                     self._set_commit(len(self._epoch_updates))  # the client's copy is at this update now

@@ -1,0 +1,33 @@
+"""A typed message as one Dask RPC call: the client's side of the workers' handlers.
+
+The handlers (:class:`adadamp.worker.plugin.Trainer`) take a record's fields as keyword arguments
+and rebuild it (``Record(**message)``); this makes the ``(address, op, kwargs)`` triple the
+engine's ``Transport.call_all`` sends.
+"""
+
+from __future__ import annotations
+
+from distributed.protocol import to_serialize
+
+from ..records import to_message
+
+__all__ = ["rpc_call"]
+
+
+def rpc_call(worker: str, op: str, record, serialized: tuple[str, ...] = ()) -> tuple[str, str, dict]:
+    """The RPC ``op`` on ``worker`` with ``record`` (:func:`~adadamp.records.to_message`) as its
+    arguments; the fields named in ``serialized`` (arrays, lists of records: msgpack takes neither)
+    go through Dask's serialization, those that are None stay None.
+
+    Examples
+    --------
+    >>> from adadamp.records import ReleaseRequest
+    >>> rpc_call("tcp://10.0.0.2:4000", "adadamp_release", ReleaseRequest("fit-1"))
+    ('tcp://10.0.0.2:4000', 'adadamp_release', {'fit_id': 'fit-1'})
+    """
+    message = to_message(record)
+    for key in serialized:
+        value = getattr(record, key)
+        if value is not None:
+            message[key] = to_serialize(value)
+    return worker, op, message
