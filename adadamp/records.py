@@ -92,7 +92,7 @@ def to_message(record) -> dict:
     Examples
     --------
     >>> to_message(SetupReply(shared=False, shared_data=False, channel=ChannelOffer(8786, b"k")))
-    {'shared': False, 'shared_data': False, 'channel': {'port': 8786, 'token': b'k'}}
+    {'shared': False, 'shared_data': False, 'channel': {'port': 8786, 'token': b'k'}, 'kept': None}
     """
     return {f.name: _plain(getattr(record, f.name)) for f in dataclasses.fields(record)}
 
@@ -143,6 +143,7 @@ class SetupReply:
     shared: bool  # it maps the client's shared memory: the weights and gradient, or (a replica) the data
     shared_data: bool  # it maps the client's training data: its blocks are placed by number only
     channel: ChannelOffer | None = None  # the gradient channel it opened (None: gradients go as Dask RPCs)
+    kept: dict | None = None  # an all-reduce set-up: the group it keeps from an earlier fit (worker.groups)
 
     def __post_init__(self):
         if isinstance(self.channel, dict):  # as it crossed the RPC

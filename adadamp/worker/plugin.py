@@ -37,6 +37,7 @@ from ..wire.batches import BatchPlan
 from ..wire.channel import IDLE_TIMEOUT, ChannelServer, tcp_host
 from ..wire.parameters import bind_parameters, examples_independent, flatten_parameters, float_buffers
 from ..wire.shm import attach, attach_data
+from . import groups as kept_groups
 from .gradient import share_gradient
 from .loading import ExampleLoader
 from .replica import Replica
@@ -103,7 +104,8 @@ class Trainer:
         self.nthreads = 1
         #: What this process's set-ups used, counted for tests and diagnostics (``client.run``):
         #: ``setups``; ``shared_weights`` and ``shared_data`` (the client's shared memory mapped);
-        #: ``channels`` (a gradient channel opened).
+        #: ``channels`` (a gradient channel opened); all-reduce groups ``groups_formed`` and
+        #: ``groups_reused`` (kept from an earlier fit), ``state_broadcasts`` (rank 0's state sent).
         self.stats: collections.Counter = collections.Counter()
 
     def attach(self, worker) -> None:
@@ -119,6 +121,7 @@ class Trainer:
     def detach(self, worker) -> None:
         for op in HANDLERS:
             worker.handlers.pop(op, None)
+        kept_groups.drop()  # its peers may be closing too
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -186,7 +189,7 @@ class Trainer:
         state = await self._run(build)
         # a replica maps only the data: "shared" then says that the client need not send blocks
         reply = SetupReply(shared=bool(state.shared or (state.replica is not None and state.data.shared)),
-                           shared_data=bool(state.data.shared))
+                           shared_data=bool(state.data.shared), kept=None if replica is None else kept_groups.offer())
         self.stats.update(setups=1, shared_weights=int(state.shared), shared_data=int(bool(state.data.shared)))
         if setup.channel and self.host is not None:
             state.channel = ChannelServer(
@@ -268,16 +271,21 @@ class Trainer:
         return await self._run(run)
 
     async def adadamp_group(self, fit_id: str, generation: int, rank: int, size: int, step=None,
-                            restore=None) -> dict:
-        """Form an all-reduce fit's next group (all members are called at once)."""
+                            restore=None, members=(), reuse=None, broadcast=True) -> dict:
+        """Form an all-reduce fit's next group (all members are called at once), or take the one
+        kept from an earlier fit (``reuse``: its key)."""
         replica = self.fits[fit_id].replica
-        return await self._run(replica.join, generation, rank, size, StepVector.decode(step), restore)
+        reply = await self._run(replica.join, generation, rank, size, StepVector.decode(step), restore, members,
+                                reuse, broadcast)
+        self.stats.update(groups_formed=int(not reply["reused"]), groups_reused=int(reply["reused"]),
+                          state_broadcasts=int(reply["broadcast"]))
+        return reply
 
-    async def adadamp_commit(self, fit_id: str, step=None, state: bool = False, groups=None) -> dict:
+    async def adadamp_commit(self, fit_id: str, step=None, state: bool = False, groups=None, keep=0.0) -> dict:
         """Take an all-reduce fit's pending step (and the client's param groups); return the
-        replica's state if asked."""
+        replica's state if asked.  ``keep``: seconds to keep the group if the fit ends here."""
         replica = self.fits[fit_id].replica
-        return await self._run(replica.commit, StepVector.decode(step), state, groups)
+        return await self._run(replica.commit, StepVector.decode(step), state, groups, keep)
 
 
 #: This process's fits and handlers.

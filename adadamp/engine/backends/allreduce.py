@@ -59,7 +59,7 @@ from ...dampers import BaseDamper
 from ...dampers.clock import LoopState, Sampler
 from ...dampers.epoch import run_epoch
 from ...exceptions import CollectiveError, NoWorkersError, StopTraining
-from ...records import ReplicaSettings, SetupRequest, ShareRequest, StepVector
+from ...records import ReplicaSettings, SetupReply, SetupRequest, ShareRequest, StepVector
 from ...wire.batches import BatchPlan, dropout_seed
 from ...wire.optimizer_plan import apply_plan, group_settings
 from ...wire.parameters import flatten_parameters, float_buffers
@@ -76,6 +76,8 @@ _NO_INDICES = np.zeros(0, dtype=np.int64)
 
 #: dask config key: train with plaintext collectives on a cluster whose comm is encrypted.
 ALLOW_PLAINTEXT = "adadamp.allreduce.allow-plaintext"
+#: dask config key: seconds the workers keep a fit's group for the next fit on them (0: never).
+KEEP_GROUP = "adadamp.allreduce.keep-group"
 
 
 def check_plaintext(client: Client) -> None:
@@ -145,6 +147,8 @@ class AllReduce(Backend):
         self._epoch_updates: list | None = None  # the running epoch's update records (run_epoch's list)
         self._rounds: collections.deque = collections.deque(maxlen=16)  # (seconds, examples) of the last rounds
         self._aborted = False  # this round's generation was aborted for a late member (_abort)
+        self._kept: dict[str, dict | None] = {}  # the group each worker's set-up offered (kept by an earlier fit)
+        self._keep_seconds = float(dask.config.get(KEEP_GROUP, 60.0))
 
     # ------------------------------------------------------------------ set-up
     def _acquire(self, stack: contextlib.ExitStack) -> None:
@@ -178,6 +182,9 @@ class AllReduce(Backend):
         self._set_up_at[worker] = self._payload_at
         return request
 
+    def _setup_reply(self, worker: str, reply: SetupReply) -> None:
+        self._kept[worker] = reply.kept
+
     # ------------------------------------------------------------------ the group
     def _ensure_group(self) -> None:
         """Form a new generation if the workers changed since the last one."""
@@ -202,6 +209,10 @@ class AllReduce(Backend):
                 restore = self._client_state()
         # group rank 0 is a replica of the last generation (or holds the committed state)
         order = current + [w for w in workers if w not in current]
+        reuse = self._reusable(order)
+        # every member set up from the state the fit is at: rank 0 has nothing to send them
+        broadcast = bool(current) or restore is not None or self._step_owed is not None or any(
+            self._set_up_at.get(w) != self.loop.n_updates for w in order)
         self.generation += 1
         step = self._step_vector(-1)
         t0 = time.perf_counter()
@@ -210,6 +221,7 @@ class AllReduce(Backend):
                 "fit_id": self.fit_id, "generation": self.generation, "rank": rank, "size": len(order),
                 "step": None if step is None else to_serialize(step),
                 "restore": restore if rank == 0 else None,
+                "members": order, "reuse": reuse, "broadcast": broadcast,
             })
             for rank, w in enumerate(order)
         ]
@@ -217,13 +229,27 @@ class AllReduce(Backend):
         dead, broken = triage(self.members, order, replies, collectives=True)  # the hung left out, as in an update
         if not dead and not broken:
             self._group, self._current, self._step_owed = workers, set(workers), None
-            logger.info("all-reduce group %d formed: %d workers in %.3f s", self.generation, len(order),
+            logger.info("all-reduce group %d %s: %d workers in %.3f s", self.generation,
+                        "formed" if reuse is None else "taken over from an earlier fit", len(order),
                         time.perf_counter() - t0)
             return True, []
         lost = [order[k] for k in sorted(dead + broken)]
         self._current -= set(lost)
         logger.warning("workers %s lost while forming all-reduce group %d; forming another", lost, self.generation)
         return None, [order[k] for k in dead]
+
+    def _reusable(self, order: list[str]) -> str | None:
+        """The key of the group an earlier fit left on the workers, if every member of ``order``
+        offered it at its set-up, formed by the same workers in the same rank order (so the
+        all-reduce sums in the same order as a group formed now) with this fit's collective timeout.
+        An offer is tried once: after any try the group is formed afresh."""
+        offers = [self._kept.get(w) for w in order]
+        self._kept.clear()
+        timeout = collective_timeout(self.policy.update_timeout)
+        first = offers[0]
+        if first is None or list(first["members"]) != order or first["timeout"] != timeout:
+            return None
+        return first["key"] if all(o is not None and o["key"] == first["key"] for o in offers) else None
 
     async def _form(self, calls: list[tuple[str, str, dict]], timeout: float) -> list:
         """The ``adadamp_group`` calls (as :meth:`Transport.call_all`); the first member lost or
@@ -297,7 +323,7 @@ class AllReduce(Backend):
             source = candidates[0]
             calls = [
                 (w, "adadamp_commit", {"fit_id": self.fit_id, "step": None if step is None else to_serialize(step),
-                                       "state": w == source})
+                                       "state": w == source, "keep": self._keep_seconds})
                 for w in self.workers if w in self._current
             ]
             replies = self.transport.call_all(calls)
