@@ -247,6 +247,7 @@ class Buckets:
     def close(self) -> None:
         for h in self._hooks:
             h.remove()
+        self.group = None  # a group kept for a later fit must go when it is dropped, not at a garbage collection
 
 
 class Replica:

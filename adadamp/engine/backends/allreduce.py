@@ -235,7 +235,8 @@ class AllReduce(Backend):
             return True, []
         lost = [order[k] for k in sorted(dead + broken)]
         self._current -= set(lost)
-        logger.warning("workers %s lost while forming all-reduce group %d; forming another", lost, self.generation)
+        logger.warning("workers %s lost or failed while forming all-reduce group %d; forming another", lost,
+                       self.generation)
         return None, [order[k] for k in dead]
 
     def _reusable(self, order: list[str]) -> str | None:
