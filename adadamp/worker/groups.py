@@ -1,7 +1,8 @@
 """An all-reduce group kept on a worker between fits (runs on the workers).
 
 Forming a group costs a rendezvous through the scheduler and gloo's connections between every
-pair of members (30-130 ms on two local workers); a grid search or a loop of ``fit`` calls on
+pair of members (7.5 ms median on two local workers of an idle 2-core machine, 28 ms and up to
+130 ms on a loaded one); a grid search or a loop of ``fit`` calls on
 the same workers would pay it every fit.  So when a fit ends cleanly (its last request was a
 commit that asked to keep the group, no update since), each member keeps its group here, with
 the members in rank order, for ``seconds``; the next fit's set-up reply offers it
@@ -9,17 +10,19 @@ the members in rank order, for ``seconds``; the next fit's set-up reply offers i
 order, reuses it instead of forming one (:meth:`~adadamp.worker.replica.Replica.join`).
 
 One group at most per worker process: a member that forms another group (the membership
-changed, a member died or was replaced) drops the kept one, as does the timer when no fit took
-it (its client went away).  A group is only ever used by the fit that took it: a member that no
-longer has it refuses, and a handshake over the group makes every member check that its peers
-took it for the same fit and generation before any state moves.
+changed, a member died or was replaced) drops the kept one, as does the worker's event loop when
+no fit took it in time (its client went away).  A group is only ever used by the fit that took
+it: a member that no longer has it refuses, and a handshake over the group makes every member
+check that its peers took it for the same fit and generation before any state moves.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
+import time
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,7 @@ class KeptGroup:
     members: tuple[str, ...]
     rank: int
     timeout: float
+    expires: float = math.inf  # time.monotonic() past which no fit may take it
 
     def offer(self) -> dict:
         """What a set-up reply tells the client about it."""
@@ -45,23 +49,24 @@ class KeptGroup:
 
 _LOCK = threading.Lock()
 _KEPT: KeptGroup | None = None
-_TIMER: threading.Timer | None = None
 
 
-def keep(kept: KeptGroup, seconds: float) -> None:
-    """Keep ``kept`` for ``seconds``, dropping any group kept before."""
-    global _KEPT, _TIMER
-    timer = threading.Timer(seconds, _expire, args=(kept.key,))
-    timer.daemon = True
+def keep(kept: KeptGroup, seconds: float, loop=None) -> None:
+    """Keep ``kept`` for ``seconds``, dropping any group kept before.  ``loop``: the worker's event
+    loop (Tornado's ``IOLoop``), which drops it then; without one (tests), it is dropped when a
+    later call here finds it expired."""
+    global _KEPT
+    kept.expires = time.monotonic() + seconds
     with _LOCK:
-        _cancel()
-        _KEPT, _TIMER = kept, timer
-    timer.start()
+        _KEPT = kept
+    if loop is not None:  # add_callback is the loop's thread-safe entry (this runs on a compute thread)
+        loop.add_callback(lambda: loop.call_later(seconds, _expire, kept.key))
 
 
 def offer() -> dict | None:
     """The kept group's offer (:meth:`KeptGroup.offer`), or None."""
     with _LOCK:
+        _drop_expired()
         return None if _KEPT is None else _KEPT.offer()
 
 
@@ -70,10 +75,10 @@ def take(key: str, members: tuple[str, ...], timeout: float) -> KeptGroup | None
     rank order with this collective ``timeout``; it is then the caller's (no longer kept)."""
     global _KEPT
     with _LOCK:
+        _drop_expired()
         kept = _KEPT
         if kept is None or kept.key != key or kept.members != tuple(members) or kept.timeout != timeout:
             return None
-        _cancel()
         _KEPT = None
         return kept
 
@@ -82,15 +87,13 @@ def drop() -> None:
     """Drop the kept group (this worker joins another group, or tests)."""
     global _KEPT
     with _LOCK:
-        _cancel()
         _KEPT = None
 
 
-def _cancel() -> None:
-    global _TIMER
-    if _TIMER is not None:
-        _TIMER.cancel()
-        _TIMER = None
+def _drop_expired() -> None:
+    global _KEPT
+    if _KEPT is not None and time.monotonic() >= _KEPT.expires:
+        _KEPT = None
 
 
 def _expire(key: str) -> None:

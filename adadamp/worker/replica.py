@@ -19,7 +19,8 @@ optimizer state, so a joiner starts from them (no more bytes than the model's st
 authenticates no peer).  A collective that fails (a peer died, or hung past the timeout) raises
 :class:`~adadamp.exceptions.CollectiveError` and drops the pending gradient; the client forms
 the next generation without the lost worker and recomputes the update.  Steps are numbered, so
-none is applied twice.
+none is applied twice.  A group in step with its peers when the fit ends is kept for the next
+fit on the same workers (:mod:`adadamp.worker.groups`), which takes it over after a handshake.
 
 One module because the replica, its group membership, its buckets and the scheduler-held store
 share one failure protocol (a failed collective undoes the update's running statistics and
@@ -597,7 +598,8 @@ class Replica:
             group, self.group = self.group, None
             if idle and group is not None and self._keep > 0 and self.backend == "gloo" and self._members:
                 groups.keep(groups.KeptGroup(f"{self.fit_id}/{self.generation}", group, self._group_store,
-                                             self._members, self.rank, self.timeout.total_seconds()), self._keep)
+                                             self._members, self.rank, self.timeout.total_seconds()), self._keep,
+                            loop=None if self.worker is None else self.worker.loop)
         finally:
             if idle:
                 self.state.lock.release()

@@ -30,6 +30,12 @@ generation aborted in its rendezvous keys, and the others stop waiting for it wi
 ``ABORT_POLL``.  When no replica is left, the epoch continues from the client's copy (its start,
 or the last mid-epoch sync); callbacks are not told again of the updates recomputed.
 
+Consecutive fits on the same workers (a grid search): a fit that ends cleanly leaves its group on
+its workers (:mod:`adadamp.worker.groups`); the next fit whose members all offer that group at
+their set-up, formed by the same workers in the same rank order, takes it over instead of forming
+one (``adadamp.allreduce.keep-group`` seconds; 0: neither kept nor taken over).  A fit's first
+group sends no state when every member was set up from the state the fit is at.
+
 Gloo (and NCCL) neither authenticate nor encrypt their traffic, and this torch has no TLS
 transport for gloo: on a cluster whose comm is encrypted the backend refuses to start unless the
 user accepts plaintext collectives (:func:`check_plaintext`).
@@ -76,7 +82,7 @@ _NO_INDICES = np.zeros(0, dtype=np.int64)
 
 #: dask config key: train with plaintext collectives on a cluster whose comm is encrypted.
 ALLOW_PLAINTEXT = "adadamp.allreduce.allow-plaintext"
-#: dask config key: seconds the workers keep a fit's group for the next fit on them (0: never).
+#: dask config key: seconds the workers keep a fit's group for the next fit on them (0: neither kept nor taken over).
 KEEP_GROUP = "adadamp.allreduce.keep-group"
 
 
@@ -243,12 +249,13 @@ class AllReduce(Backend):
         """The key of the group an earlier fit left on the workers, if every member of ``order``
         offered it at its set-up, formed by the same workers in the same rank order (so the
         all-reduce sums in the same order as a group formed now) with this fit's collective timeout.
-        An offer is tried once: after any try the group is formed afresh."""
+        An offer is tried once: after any try the group is formed afresh.  None with
+        ``keep-group`` 0 (this client neither keeps groups nor takes them over)."""
         offers = [self._kept.get(w) for w in order]
         self._kept.clear()
         timeout = collective_timeout(self.policy.update_timeout)
         first = offers[0]
-        if first is None or list(first["members"]) != order or first["timeout"] != timeout:
+        if self._keep_seconds <= 0 or first is None or list(first["members"]) != order or first["timeout"] != timeout:
             return None
         return first["key"] if all(o is not None and o["key"] == first["key"] for o in offers) else None
 
