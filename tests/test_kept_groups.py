@@ -1,13 +1,15 @@
 """An all-reduce group kept on the workers between fits (issue 30, item 3): taken over only by a
 fit on the same workers in the same rank order, dropped when the membership changes or a member
-dies, given up cleanly when a member no longer has it, and gone (its sockets closed) when no fit
-takes it in time -- after its client went away, too.  Every fit trains the weights a fit on
-workers that kept nothing trains, bit for bit."""
+dies, given up cleanly when a member no longer has it or two fits took it on different members,
+and gone (its sockets closed) when no fit takes it in time -- after its client went away, too.
+Every fit trains the weights a fit on workers that kept nothing trains, bit for bit."""
 
+import datetime
 import gc
 import logging
 import os
 import signal
+import threading
 import time
 
 import dask
@@ -15,11 +17,15 @@ import numpy as np
 import psutil
 import pytest
 import torch
+import torch.distributed as dist
 from distributed import Client, LocalCluster
 from sklearn.datasets import make_classification
 
 from adadamp import DaskClassifier
 from adadamp.engine.backends import allreduce
+from adadamp.wire.parameters import flatten_parameters
+from adadamp.worker.replica import Replica
+from adadamp.worker.state import FitState
 
 KEEP = "adadamp.allreduce.keep-group"
 
@@ -157,3 +163,49 @@ def test_a_group_no_fit_takes_is_dropped_after_its_client_went_away(cluster, dat
         while any(o is not None for o in other.run(_offer).values()) or other.run(_listening) != before:
             assert time.monotonic() < deadline, (other.run(_offer), other.run(_listening), before)
             time.sleep(0.2)
+
+
+def _member(fit_id: str, rank: int, group, store) -> Replica:
+    module = torch.nn.Linear(4, 2)
+    flat, grads = flatten_parameters(module)
+    state = FitState(module, torch.nn.MSELoss(), torch.device("cpu"), flat, grads, n_total=4)
+    member = Replica(state, torch.optim.SGD(module.parameters(), lr=0.1), fit_id=fit_id, worker=None, timeout=5.0,
+                     bucket_mb=1.0, applied=0)
+    member.group, member.rank, member.size, member.generation, member._prefix = group, rank, 2, 1, store
+    return member
+
+
+@pytest.mark.parametrize("same_fit", [True, False])
+def test_the_handshake_tells_two_fits_on_one_kept_group_apart(same_fit):
+    """Two fits that each took a kept group on one of its two members: the handshake over the group
+    fails on both (neither trains with the other's member); one fit on both members passes."""
+    store = dist.HashStore()
+    groups = [None, None]
+
+    def connect(rank):
+        groups[rank] = dist.ProcessGroupGloo(dist.PrefixStore("g", store), rank, 2, datetime.timedelta(seconds=5))
+
+    threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    members = [_member("adadamp-a" if same_fit or r == 0 else "adadamp-b", r, groups[r], dist.PrefixStore("g", store))
+               for r in range(2)]
+    errors = [None, None]
+
+    def shake(rank):
+        try:
+            members[rank]._handshake()
+        except RuntimeError as err:
+            errors[rank] = err
+
+    threads = [threading.Thread(target=shake, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    if same_fit:
+        assert errors == [None, None]
+    else:
+        assert all(e is not None and "taken by another fit" in str(e) for e in errors), errors
