@@ -151,3 +151,20 @@ def test_a_warm_all_reduce_fit_takes_the_group_the_last_fit_kept(client, data):
         assert counts.get("groups_formed", 0) == 0 and counts.get("groups_reused") == 1, (w, counts)
         assert counts.get("state_broadcasts", 0) == 0, (w, counts)
     np.testing.assert_array_equal(_weights(warm), _weights(cold))
+
+
+def test_a_warm_all_reduce_partial_fit_sets_nothing_up(client, data):
+    """A warm ``partial_fit`` on the same data resumes the replicas and their group: no set-up, no
+    group formed or taken over, no state sent."""
+    X, y = data
+    est = DaskClassifier(module=_mlp(), batch_size=64, min_workers=2, client=client, backend="allreduce",
+                         random_state=0)
+    est.partial_fit(X, y)
+    client.run(_trainer_stats)
+    est.partial_fit(X, y)
+    stats = client.run(_trainer_stats)
+    est._kept_backend.claim(None)
+    assert len(stats) == 2
+    for w, counts in stats.items():
+        assert not any(counts.get(k) for k in ("setups", "groups_formed", "groups_reused", "state_broadcasts")), (
+            w, counts)
