@@ -94,7 +94,7 @@ def to_message(record) -> dict:
     Examples
     --------
     >>> to_message(SetupReply(shared=False, shared_data=False, channel=ChannelOffer(8786, b"k")))
-    {'shared': False, 'shared_data': False, 'channel': {'port': 8786, 'token': b'k'}}
+    {'shared': False, 'shared_data': False, 'channel': {'port': 8786, 'token': b'k'}, 'kept': None}
     """
     return {f.name: _plain(getattr(record, f.name)) for f in dataclasses.fields(record)}
 
@@ -179,6 +179,7 @@ class SetupReply:
     shared: bool  # it maps the client's shared memory: the weights and gradient, or (a replica) the data
     shared_data: bool  # it maps the client's training data: its blocks are placed by number only
     channel: ChannelOffer | None = None  # the gradient channel it opened (None: gradients go as Dask RPCs)
+    kept: dict | None = None  # an all-reduce set-up: the group it keeps from an earlier fit (worker.groups)
 
     def __post_init__(self):
         if isinstance(self.channel, dict):  # as it crossed the RPC
@@ -225,6 +226,12 @@ class GroupRequest:
     size: int
     step: np.ndarray | None = None  # the step the member may still owe (StepVector.encode; None: none)
     restore: bytes | None = field(default=None, repr=False)  # rank 0 only: the client's committed state
+    members: tuple[str, ...] = ()  # the group's workers in rank order (kept with the group after the fit)
+    reuse: str | None = None  # the key of a group an earlier fit left on every member: taken over, not formed
+    broadcast: bool = True  # False: every member was set up from the state the fit is at (rank 0 sends none)
+
+    def __post_init__(self):
+        self.members = tuple(self.members)
 
 
 @dataclass
@@ -233,6 +240,8 @@ class GroupReply:
 
     applied: int  # the updates the member's state has taken
     seconds: float  # how long forming the group took on the member
+    reused: bool = False  # an earlier fit's group was taken over
+    broadcast: bool = True  # rank 0's state was sent to the members
 
 
 @dataclass
@@ -244,6 +253,7 @@ class CommitRequest:
     step: np.ndarray | None = None  # the pending step's StepVector.encode (None: drop the pending gradient)
     state: bool = False  # reply with the replica's state (the client's copy is brought up to date)
     groups: bytes | None = None  # the client's param groups (torch.save, no parameters): new hyperparameters
+    keep: float = 0.0  # seconds the members keep their group should the fit end here (0: not kept)
 
 
 @dataclass

@@ -396,7 +396,12 @@ def test_a_member_lost_while_forming_a_group_costs_the_abort_time(data, tmp_path
     params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "batch_size": 48, "max_epochs": 2,
               "random_state": 6, "scale_cluster": False, "backend": AR, "update_timeout": 2.5 * timeout,
               "min_workers": 3}
-    with dask.config.set({"adadamp.allreduce.timeout": timeout}), _cluster(3) as cluster, Client(cluster) as client:
+    # the second fit forms its group (it does not take over the one the first would keep)
+    with (
+        dask.config.set({"adadamp.allreduce.timeout": timeout, "adadamp.allreduce.keep-group": 0}),
+        _cluster(3) as cluster,
+        Client(cluster) as client,
+    ):
         start = time.perf_counter()
         calm = DaskClassifier(client=client, **params).fit(X, y)
         calm_s = time.perf_counter() - start

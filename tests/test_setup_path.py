@@ -6,6 +6,7 @@ changes a count."""
 import collections
 import functools
 
+import dask
 import numpy as np
 import pytest
 import torch
@@ -20,7 +21,9 @@ _CALLS: collections.Counter = collections.Counter()
 #: Scheduler ops whose count follows the fit's duration, not its set-up: the membership's look at the
 #: worker list (``identity``, every ``MEMBERSHIP_INTERVAL``), the live page's progress (``log_event``,
 #: every half second), the workers' heartbeats, and the all-reduce group's rendezvous polls.
-PERIODIC = {"identity", "log_event", "heartbeat_worker", "get_metadata"}
+PERIODIC = {"identity", "log_event", "heartbeat_worker", "get_metadata", "cluster info"}
+#: The cluster manager's ``set_metadata`` of its info (every second, whatever runs), counted apart.
+CLUSTER_INFO = "cluster info"
 
 
 def _count_handlers(dask_scheduler=None, dask_worker=None) -> None:
@@ -32,7 +35,7 @@ def _count_handlers(dask_scheduler=None, dask_worker=None) -> None:
 
         @functools.wraps(handler)  # Dask reads the handler's signature (``comm`` first, ``serializers``)
         def counted(*args, _op=op, _handler=handler, **kwargs):
-            _CALLS[_op] += 1
+            _CALLS[CLUSTER_INFO if kwargs.get("keys") == ["cluster-manager-info"] else _op] += 1
             return _handler(*args, **kwargs)
 
         counted._counted = True
@@ -88,8 +91,8 @@ def test_a_warm_fits_setup_asks_each_worker_once_and_copies_the_data_once(backen
     asked = {op: n for op, n in scheduler.items() if op not in PERIODIC}
     assert "register_worker_plugin" not in asked and "broadcast" not in asked, asked  # nor the live page's
     expected = {"run_function": 1}  # this test's own _read
-    if backend == "allreduce":  # the group's rendezvous keys, written by its members, emptied at the end
-        expected["set_metadata"] = asked.get("set_metadata", 0)
+    if backend == "allreduce":  # the fit's rendezvous keys emptied at the end: none written (the group is kept)
+        expected["set_metadata"] = 1
     assert asked == expected, asked
 
     # each worker: its plugin left alone; set up once, its blocks placed once, released once
@@ -104,3 +107,64 @@ def test_a_warm_fits_setup_asks_each_worker_once_and_copies_the_data_once(backen
 
     # bytes: the training data copied into shared memory once; no block crosses a socket
     assert copied == [X.nbytes + y.astype(np.int64).nbytes]
+
+
+def _trainer_stats(dask_worker=None) -> dict:
+    from adadamp.worker.plugin import TRAINER
+
+    out = dict(TRAINER.stats)
+    TRAINER.stats.clear()
+    return out
+
+
+def _drop_kept_group(dask_worker=None) -> None:
+    from adadamp.worker import groups
+
+    groups.drop()
+
+
+def _weights(est) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in est.module_.parameters()]).numpy()
+
+
+def test_a_warm_all_reduce_fit_takes_the_group_the_last_fit_kept(client, data):
+    """Consecutive all-reduce fits on the same workers: the second forms no group (no rendezvous,
+    no connections) and sends no state (every replica was set up from the same payload), and
+    trains the same weights, bit for bit, as a fit on workers that kept nothing."""
+    X, y = data
+
+    def fit():
+        return DaskClassifier(module=_mlp(), optimizer=torch.optim.SGD, optimizer__momentum=0.9, batch_size=64,
+                              max_epochs=2, min_workers=2, client=client, backend="allreduce",
+                              random_state=0).fit(X, y)
+
+    client.run(_drop_kept_group)
+    with dask.config.set({"adadamp.allreduce.keep-group": 0}):
+        cold = fit()  # forms its group and keeps none
+    fit()  # forms its group and keeps it
+    client.run(_trainer_stats)
+    warm = fit()
+    stats = client.run(_trainer_stats)
+    assert len(stats) == 2
+    for w, counts in stats.items():
+        assert counts.get("setups") == 1, (w, counts)
+        assert counts.get("groups_formed", 0) == 0 and counts.get("groups_reused") == 1, (w, counts)
+        assert counts.get("state_broadcasts", 0) == 0, (w, counts)
+    np.testing.assert_array_equal(_weights(warm), _weights(cold))
+
+
+def test_a_warm_all_reduce_partial_fit_sets_nothing_up(client, data):
+    """A warm ``partial_fit`` on the same data resumes the replicas and their group: no set-up, no
+    group formed or taken over, no state sent."""
+    X, y = data
+    est = DaskClassifier(module=_mlp(), batch_size=64, min_workers=2, client=client, backend="allreduce",
+                         random_state=0)
+    est.partial_fit(X, y)
+    client.run(_trainer_stats)
+    est.partial_fit(X, y)
+    stats = client.run(_trainer_stats)
+    est._kept_backend.claim(None)
+    assert len(stats) == 2
+    for w, counts in stats.items():
+        assert not any(counts.get(k) for k in ("setups", "groups_formed", "groups_reused", "state_broadcasts")), (
+            w, counts)

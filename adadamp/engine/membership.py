@@ -43,7 +43,8 @@ class Membership:
 
     ``setup(worker)`` gives a worker's set-up (its RPC's arguments); ``place(workers)``
     moves the data to a new worker list and returns ``{worker: error}`` for those that could
-    not take their blocks; ``n_updates()`` is for messages.
+    not take their blocks; ``n_updates()`` is for messages; ``on_setup(worker, reply)`` sees each
+    set-up that succeeded.
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class Membership:
         place: Callable[[list[str]], dict],
         n_updates: Callable[[], int],
         prefer: Callable[[int], int | None] = lambda batch_size: None,
+        on_setup: Callable[[str, SetupReply], None] = lambda worker, reply: None,
     ):
         self.client = client
         self.policy = policy
@@ -64,6 +66,7 @@ class Membership:
         self._place = place
         self._n_updates = n_updates
         self._prefer = prefer
+        self._on_setup = on_setup
         self.workers: list[str] = []
         self.lost_in_rounds: list[str] = []  # workers an update's rounds lost (dead or not answering); the engine clears it
         self.set_up: set[str] = set()  # workers that may hold this fit's state (released at the end)
@@ -266,8 +269,10 @@ class Membership:
                     raise r
                 self.strike(w, r)
                 logger.warning("worker %s could not be set up (%r); ignoring it for now", w, r)
-            elif r.channel is not None:
-                self.transport.connect(w, r.channel)
+            else:
+                self._on_setup(w, r)
+                if r.channel is not None:
+                    self.transport.connect(w, r.channel)
         failed = [w for w, r in zip(workers, replies) if isinstance(r, BaseException)]
         return [w for w in workers if w not in failed], failed
 

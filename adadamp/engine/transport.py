@@ -73,7 +73,8 @@ class Transport:
                 rpc = self.client.rpc(address)
                 reply = await asyncio.wait_for(getattr(rpc, op)(**kwargs), timeout)
             except RuntimeError as err:  # the client's connection pool closed under us
-                if "closed" in str(err):
+                # (not a replica's failed collective, whose gloo message may say "Connection closed by peer")
+                if "closed" in str(err) and not isinstance(err, CollectiveError):
                     raise CommClosedError(str(err)) from err
                 raise
             if reply is None:  # the worker closed while answering

@@ -51,6 +51,7 @@ from ..wire.batches import BatchPlan
 from ..wire.channel import IDLE_TIMEOUT, ChannelServer, tcp_host
 from ..wire.parameters import bind_parameters, examples_independent, flatten_parameters, float_buffers
 from ..wire.shm import attach, attach_data
+from . import groups as kept_groups
 from .gradient import share_gradient
 from .loading import ExampleLoader
 from .replica import Replica
@@ -117,7 +118,8 @@ class Trainer:
         self.nthreads = 1
         #: What this process's set-ups used, counted for tests and diagnostics (``client.run``):
         #: ``setups``; ``shared_weights`` and ``shared_data`` (the client's shared memory mapped);
-        #: ``channels`` (a gradient channel opened).
+        #: ``channels`` (a gradient channel opened); all-reduce groups ``groups_formed`` and
+        #: ``groups_reused`` (kept from an earlier fit), ``state_broadcasts`` (rank 0's state sent).
         self.stats: collections.Counter = collections.Counter()
 
     def attach(self, worker) -> None:
@@ -133,6 +135,7 @@ class Trainer:
     def detach(self, worker) -> None:
         for op in HANDLERS:
             worker.handlers.pop(op, None)
+        kept_groups.drop()  # its peers may be closing too
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -200,7 +203,7 @@ class Trainer:
         state = await self._run(build)
         # a replica maps only the data: "shared" then says that the client need not send blocks
         reply = SetupReply(shared=bool(state.shared or (state.replica is not None and state.data.shared)),
-                           shared_data=bool(state.data.shared))
+                           shared_data=bool(state.data.shared), kept=None if replica is None else kept_groups.offer())
         self.stats.update(setups=1, shared_weights=int(state.shared), shared_data=int(bool(state.data.shared)))
         if setup.channel and self.host is not None:
             state.channel = ChannelServer(
@@ -286,20 +289,24 @@ class Trainer:
         return await self._run(run)
 
     async def adadamp_group(self, **message) -> dict:
-        """Form an all-reduce fit's next group (``message``: a :class:`~adadamp.records.GroupRequest`;
-        the reply is a :class:`~adadamp.records.GroupReply`)."""
+        """Form an all-reduce fit's next group, or take the one kept from an earlier fit
+        (``message``: a :class:`~adadamp.records.GroupRequest`; the reply is a
+        :class:`~adadamp.records.GroupReply`)."""
         r = GroupRequest(**message)
         replica = self.fits[r.fit_id].replica
-        return to_message(await self._run(replica.join, r.generation, r.rank, r.size, StepVector.decode(r.step),
-                                          r.restore))
+        reply = await self._run(replica.join, r.generation, r.rank, r.size, StepVector.decode(r.step), r.restore,
+                                r.members, r.reuse, r.broadcast)
+        self.stats.update(groups_formed=int(not reply.reused), groups_reused=int(reply.reused),
+                          state_broadcasts=int(reply.broadcast))
+        return to_message(reply)
 
     async def adadamp_commit(self, **message) -> dict:
         """Take an all-reduce fit's pending step (and the client's param groups); the replica's
-        state if asked (``message``: a :class:`~adadamp.records.CommitRequest`; the reply is a
-        :class:`~adadamp.records.CommitReply`)."""
+        state if asked (``message``: a :class:`~adadamp.records.CommitRequest`; ``keep``: seconds to
+        keep the group if the fit ends here; the reply is a :class:`~adadamp.records.CommitReply`)."""
         r = CommitRequest(**message)
         replica = self.fits[r.fit_id].replica
-        return to_message(await self._run(replica.commit, StepVector.decode(r.step), r.state, r.groups))
+        return to_message(await self._run(replica.commit, StepVector.decode(r.step), r.state, r.groups, r.keep))
 
 
 #: This process's fits and handlers.

@@ -19,7 +19,8 @@ optimizer state, so a joiner starts from them (no more bytes than the model's st
 authenticates no peer).  A collective that fails (a peer died, or hung past the timeout) raises
 :class:`~adadamp.exceptions.CollectiveError` and drops the pending gradient; the client forms
 the next generation without the lost worker and recomputes the update.  Steps are numbered, so
-none is applied twice.
+none is applied twice.  A group in step with its peers when the fit ends is kept for the next
+fit on the same workers (:mod:`adadamp.worker.groups`), which takes it over after a handshake.
 
 One module because the replica, its group membership, its buckets and the scheduler-held store
 share one failure protocol (a failed collective undoes the update's running statistics and
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import io
 import logging
 import math
@@ -49,6 +51,7 @@ from ..records import CommitReply, GradientReply, GroupReply, StepVector, exampl
 from ..wire.batches import BatchPlan, epoch_permutation
 from ..wire.optimizer_plan import apply_settings
 from ..wire.parameters import trainable
+from . import groups
 from .gradient import examples, flat_buffers, set_buffers, shards_sum
 from .state import FitState
 
@@ -245,6 +248,7 @@ class Buckets:
     def close(self) -> None:
         for h in self._hooks:
             h.remove()
+        self.group = None  # a group kept for a later fit must go when it is dropped, not at a garbage collection
 
 
 class Replica:
@@ -271,43 +275,76 @@ class Replica:
         self.generation: int | None = None
         self.rank, self.size = 0, 1
         self._prefix: dist.Store | None = None  # the current generation's rendezvous
+        self._group_store: dist.Store | None = None  # the store the group was formed with (a kept one's: older)
+        self._members: tuple[str, ...] = ()  # the group's workers in rank order
+        self._keep = 0.0  # seconds to keep the group after the fit (set by a commit, cleared by an update)
         _warm_up()
         mb = 2**20
         self.buckets = Buckets(trainable(state.module), state.grads, int(bucket_mb * mb), min(mb, int(bucket_mb * mb)))
 
     # ------------------------------------------------------------------ the group
-    def join(self, generation: int, rank: int, size: int, step: StepVector | None, restore: bytes | None) -> GroupReply:
+    def join(self, generation: int, rank: int, size: int, step: StepVector | None, restore: bytes | None,
+             members: tuple[str, ...] = (), reuse: str | None = None, broadcast: bool = True) -> GroupReply:
         """Form generation ``generation``'s group as ``rank`` of ``size`` and take rank 0's state.
 
         ``step`` is the step this replica may still owe (taken first, if it was not); ``restore``
         (rank 0 only) is the client's committed state, used when no member of the last
-        generation remains.
+        generation remains.  ``members``: the group's workers in rank order.  ``reuse``: the key
+        of a group kept from an earlier fit (:mod:`adadamp.worker.groups`) that every member
+        offered: taken instead of forming one.  ``broadcast`` False: every member was set up from
+        the same state (the client knows), so rank 0 sends none.
         """
         with self.state.lock:
-            return self._join(generation, rank, size, step, restore)
+            return self._join(generation, rank, size, step, restore, tuple(members), reuse, broadcast)
 
-    def _join(self, generation, rank, size, step, restore) -> GroupReply:
+    def _join(self, generation, rank, size, step, restore, members, reuse, broadcast) -> GroupReply:
         start = time.perf_counter()
         self.take_step(step, strict=False)  # a joiner owes nothing: it takes rank 0's state below
-        self.group = None  # the last generation's group: its peers may be gone
+        self.group, self._keep = None, 0.0  # the last generation's group: its peers may be gone
         try:
             store = self._prefix = SchedulerStore(self.worker, (self.fit_id, str(generation)),
                                                   self.timeout.total_seconds())
-            if self.backend == "nccl":  # untested here (no GPU on the development machine)
-                group = self._abortable(lambda: dist.ProcessGroupNCCL(store, rank, size))
+            if reuse is not None:
+                kept = groups.take(reuse, members, self.timeout.total_seconds())
+                if kept is None or kept.rank != rank:
+                    raise RuntimeError(f"the group {reuse} kept from an earlier fit is gone")
+                self._group_store = kept.store
+                self.group, self.generation, self.rank, self.size = kept.group, generation, rank, size
+                self._handshake()
             else:
-                host = get_address_host(self.worker.address)
-                group = self._abortable(lambda: gloo_group(store, rank, size, host, self.timeout))
-            self.group, self.generation, self.rank, self.size = group, generation, rank, size
+                groups.drop()  # the members changed: another group forms on this worker
+                self._group_store = store
+                if self.backend == "nccl":  # untested here (no GPU on the development machine)
+                    group = self._abortable(lambda: dist.ProcessGroupNCCL(store, rank, size))
+                else:
+                    host = get_address_host(self.worker.address)
+                    group = self._abortable(lambda: gloo_group(store, rank, size, host, self.timeout))
+                self.group, self.generation, self.rank, self.size = group, generation, rank, size
+            self._members = members
             if restore is not None:
                 self.load(restore)
-            self._broadcast_state()
+            if broadcast or restore is not None:
+                self._broadcast_state()
         except RuntimeError as err:
             failure = str(err)
         else:
-            return GroupReply(self.applied, time.perf_counter() - start)
+            return GroupReply(self.applied, time.perf_counter() - start, reused=reuse is not None,
+                              broadcast=bool(broadcast or restore is not None))
         self._drop_group(abort=True)  # also when no group was built: the peers still wait in the rendezvous
         raise CollectiveError(f"forming generation {generation} failed on rank {rank}: {failure}")
+
+    def _handshake(self) -> None:
+        """Check, over a group kept from an earlier fit, that every member took it for this fit and
+        generation (two fits that both found it kept could each have taken it on some members):
+        the largest and the smallest of the members' tags must be this member's."""
+        digest = hashlib.blake2b(f"{self.fit_id}/{self.generation}".encode(), digest_size=8).digest()
+        tag = int.from_bytes(digest, "little") >> 2  # 62 bits: its negation fits too
+        both = torch.tensor([tag, -tag], dtype=torch.int64, device=self._comm_device())
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.MAX
+        self._wait(self.group.allreduce([both], options))
+        if both.tolist() != [tag, -tag]:
+            raise RuntimeError("the kept group was taken by another fit on some members")
 
     def _abortable(self, build):
         """``build()`` the group in a thread of its own, and give it up when the generation is
@@ -408,6 +445,7 @@ class Replica:
             generation, update = step.generation, step.update
             if self.group is None or generation != self.generation:
                 raise CollectiveError(f"rank {self.rank} is not in generation {generation} (at {self.generation})")
+            self._keep = 0.0  # an update in flight: the group is no longer known to be in step
             self.take_step(step)
             if self.applied != update:
                 raise RuntimeError(f"replica at update {self.applied} asked for update {update}")
@@ -528,17 +566,18 @@ class Replica:
         was formed (a failed rendezvous)."""
         self.buckets.disarm()
         group, self.group, self.pending = self.group, None, None
-        if group is not None:
-            _FAILED_GROUPS.append((group, self._prefix))  # the store too: the group's C++ side uses it
+        if group is not None:  # the stores too: the group's C++ side uses the one it was formed with
+            _FAILED_GROUPS.append((group, self._group_store, self._prefix))
         if (group is not None or abort) and self._prefix is not None:
             with contextlib.suppress(Exception):  # the scheduler may be gone
                 self._prefix.set(ABORT, b"1")
 
-    def commit(self, step: StepVector | None, state: bool, groups: bytes | None = None) -> CommitReply:
+    def commit(self, step: StepVector | None, state: bool, groups: bytes | None = None, keep: float = 0.0) -> CommitReply:
         """Take the pending step (the end of an epoch or of the fit); return the state if asked.
 
         ``groups``: the client's param groups (``torch.save``d, without the parameters): a warm
-        call changed the optimizer's hyperparameters (``set_params(optimizer__...)``).
+        call changed the optimizer's hyperparameters (``set_params(optimizer__...)``).  ``keep``:
+        seconds to keep the group for a later fit if this fit ends before its next update.
         """
         with self.state.lock:
             self.state.last_used = time.monotonic()
@@ -547,11 +586,23 @@ class Replica:
             if groups is not None:
                 for group, new in zip(self.optimizer.param_groups, torch.load(io.BytesIO(groups), weights_only=True)):
                     group.update({k: v for k, v in new.items() if k != "params"})
+            self._keep = float(keep)
             return CommitReply(self.applied, self.dump() if state else None)
 
     def close(self) -> None:
+        """Leave the fit; a group in step with its peers (the fit's last request was a commit that
+        asked to keep it) is kept on this worker for a later fit (:mod:`adadamp.worker.groups`)."""
         self.buckets.close()
-        self.group = None
+        idle = self.state.lock.acquire(blocking=False)  # not while an update runs (a client gone mid-update)
+        try:
+            group, self.group = self.group, None
+            if idle and group is not None and self._keep > 0 and self.backend == "gloo" and self._members:
+                groups.keep(groups.KeptGroup(f"{self.fit_id}/{self.generation}", group, self._group_store,
+                                             self._members, self.rank, self.timeout.total_seconds()), self._keep,
+                            loop=None if self.worker is None else self.worker.loop)
+        finally:
+            if idle:
+                self.state.lock.release()
 
 
 def dump_state(flat: torch.Tensor, buffers: list[torch.Tensor], optimizer, applied: int) -> bytes:

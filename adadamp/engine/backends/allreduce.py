@@ -30,6 +30,12 @@ generation aborted in its rendezvous keys, and the others stop waiting for it wi
 ``ABORT_POLL``.  When no replica is left, the epoch continues from the client's copy (its start,
 or the last mid-epoch sync); callbacks are not told again of the updates recomputed.
 
+Consecutive fits on the same workers (a grid search): a fit that ends cleanly leaves its group on
+its workers (:mod:`adadamp.worker.groups`); the next fit whose members all offer that group at
+their set-up, formed by the same workers in the same rank order, takes it over instead of forming
+one (``adadamp.allreduce.keep-group`` seconds; 0: neither kept nor taken over).  A fit's first
+group sends no state when every member was set up from the state the fit is at.
+
 Gloo (and NCCL) neither authenticate nor encrypt their traffic, and this torch has no TLS
 transport for gloo: on a cluster whose comm is encrypted the backend refuses to start unless the
 user accepts plaintext collectives (:func:`check_plaintext`).
@@ -58,7 +64,16 @@ from ...dampers import BaseDamper
 from ...dampers.clock import LoopState, Sampler
 from ...dampers.epoch import run_epoch
 from ...exceptions import CollectiveError, NoWorkersError, StopTraining
-from ...records import CommitReply, CommitRequest, GroupRequest, ReplicaSettings, SetupRequest, ShareRequest, StepVector
+from ...records import (
+    CommitReply,
+    CommitRequest,
+    GroupRequest,
+    ReplicaSettings,
+    SetupReply,
+    SetupRequest,
+    ShareRequest,
+    StepVector,
+)
 from ...wire.batches import BatchPlan, dropout_seed
 from ...wire.optimizer_plan import apply_plan, group_settings
 from ...wire.parameters import flatten_parameters, float_buffers
@@ -76,6 +91,8 @@ _NO_INDICES = np.zeros(0, dtype=np.int64)
 
 #: dask config key: train with plaintext collectives on a cluster whose comm is encrypted.
 ALLOW_PLAINTEXT = "adadamp.allreduce.allow-plaintext"
+#: dask config key: seconds the workers keep a fit's group for the next fit on them (0: neither kept nor taken over).
+KEEP_GROUP = "adadamp.allreduce.keep-group"
 
 
 def check_plaintext(client: Client) -> None:
@@ -145,6 +162,8 @@ class AllReduce(Backend):
         self._epoch_updates: list | None = None  # the running epoch's update records (run_epoch's list)
         self._rounds: collections.deque = collections.deque(maxlen=16)  # (seconds, examples) of the last rounds
         self._aborted = False  # this round's generation was aborted for a late member (_abort)
+        self._kept: dict[str, dict | None] = {}  # the group each worker's set-up offered (kept by an earlier fit)
+        self._keep_seconds = float(dask.config.get(KEEP_GROUP, 60.0))
 
     # ------------------------------------------------------------------ set-up
     def _acquire(self, stack: contextlib.ExitStack) -> None:
@@ -178,6 +197,9 @@ class AllReduce(Backend):
         self._set_up_at[worker] = self._payload_at
         return request
 
+    def _setup_reply(self, worker: str, reply: SetupReply) -> None:
+        self._kept[worker] = reply.kept
+
     # ------------------------------------------------------------------ the group
     def _ensure_group(self) -> None:
         """Form a new generation if the workers changed since the last one."""
@@ -202,25 +224,46 @@ class AllReduce(Backend):
                 restore = self._client_state()
         # group rank 0 is a replica of the last generation (or holds the committed state)
         order = current + [w for w in workers if w not in current]
+        reuse = self._reusable(order)
+        # every member set up from the state the fit is at: rank 0 has nothing to send them
+        broadcast = bool(current) or restore is not None or self._step_owed is not None or any(
+            self._set_up_at.get(w) != self.loop.n_updates for w in order)
         self.generation += 1
         step = self._step_vector(-1)
         t0 = time.perf_counter()
         calls = [
             rpc_call(w, "adadamp_group", GroupRequest(self.fit_id, self.generation, rank, len(order), step,
-                                                      restore if rank == 0 else None), serialized=("step",))
+                                                      restore if rank == 0 else None, tuple(order), reuse, broadcast),
+                     serialized=("step",))
             for rank, w in enumerate(order)
         ]
         replies = self.client.sync(self._form, calls, self.transport.timeout)
         dead, broken = triage(self.members, order, replies, collectives=True)  # the hung left out, as in an update
         if not dead and not broken:
             self._group, self._current, self._step_owed = workers, set(workers), None
-            logger.info("all-reduce group %d formed: %d workers in %.3f s", self.generation, len(order),
+            logger.info("all-reduce group %d %s: %d workers in %.3f s", self.generation,
+                        "formed" if reuse is None else "taken over from an earlier fit", len(order),
                         time.perf_counter() - t0)
             return True, []
         lost = [order[k] for k in sorted(dead + broken)]
         self._current -= set(lost)
-        logger.warning("workers %s lost while forming all-reduce group %d; forming another", lost, self.generation)
+        logger.warning("workers %s lost or failed while forming all-reduce group %d; forming another", lost,
+                       self.generation)
         return None, [order[k] for k in dead]
+
+    def _reusable(self, order: list[str]) -> str | None:
+        """The key of the group an earlier fit left on the workers, if every member of ``order``
+        offered it at its set-up, formed by the same workers in the same rank order (so the
+        all-reduce sums in the same order as a group formed now) with this fit's collective timeout.
+        An offer is tried once: after any try the group is formed afresh.  None with
+        ``keep-group`` 0 (this client neither keeps groups nor takes them over)."""
+        offers = [self._kept.get(w) for w in order]
+        self._kept.clear()
+        timeout = collective_timeout(self.policy.update_timeout)
+        first = offers[0]
+        if self._keep_seconds <= 0 or first is None or list(first["members"]) != order or first["timeout"] != timeout:
+            return None
+        return first["key"] if all(o is not None and o["key"] == first["key"] for o in offers) else None
 
     async def _form(self, calls: list[tuple[str, str, dict]], timeout: float) -> list:
         """The ``adadamp_group`` calls (as :meth:`Transport.call_all`); the first member lost or
@@ -293,7 +336,8 @@ class AllReduce(Backend):
         while candidates:
             source = candidates[0]
             calls = [
-                rpc_call(w, "adadamp_commit", CommitRequest(self.fit_id, step, state=w == source), serialized=("step",))
+                rpc_call(w, "adadamp_commit", CommitRequest(self.fit_id, step, state=w == source, keep=self._keep_seconds),
+                         serialized=("step",))
                 for w in self.workers if w in self._current
             ]
             replies = self.transport.call_all(calls)

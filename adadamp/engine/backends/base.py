@@ -38,7 +38,7 @@ from ...dampers.epoch import run_epoch
 from ...data import DataSource
 from ...data.placement import plan_moves
 from ...exceptions import ConvergenceError
-from ...records import SetupRequest, UpdateRecord, epoch_row
+from ...records import SetupReply, SetupRequest, UpdateRecord, epoch_row
 from ...wire import shm
 from ...wire.channel import tcp_host
 from ...wire.parameters import examples_independent, trainable
@@ -235,6 +235,7 @@ class Backend(abc.ABC):
         self.members = Membership(
             self.client, self._policy, transport, setup=self._setup_request, place=self._place,
             n_updates=lambda: self.loop.n_updates, prefer=lambda batch_size: self.damper.workers_for(batch_size),
+            on_setup=self._setup_reply,
         )
         self.members.limit = self._first_workers()  # on any cluster: as many workers as the first batch wants
         self.transport = transport
@@ -284,6 +285,9 @@ class Backend(abc.ABC):
             dataset=self._dataset_payload,
             fuse=self.policy.shares == "speed",
         )
+
+    def _setup_reply(self, worker: str, reply: SetupReply) -> None:
+        """What a worker's set-up reply says beyond the shared memory and the channel (none here)."""
 
     # ------------------------------------------------------------------ warm sessions
     def suspend(self) -> None:
