@@ -139,3 +139,36 @@ def test_before_any_update_or_measured_start_the_schedule_is_read_by_epochs_and_
     assert WORKER_START > 4.0  # no worker start measured: a guess, past epoch 8 (1000), which begins at 4 s
     assert Backend._ahead(_stub(None, [0.1, 0.1, 5.0]), 100) == 1000  # the median: a stalled update is not the clock
     assert Backend._ahead(_stub(None, [0.1], scale=False), 100) == 100  # no worker to start: prescale_epochs only
+
+
+def test_concurrent_fits_on_a_shared_cluster_take_different_workers(four):
+    """A second fit started while another trains (one worker each) takes a worker the first one
+    does not train on, not the first by name (a threaded grid search would queue both fits on one
+    worker and leave the others idle)."""
+    import threading
+
+    from adadamp.callbacks import Callback
+
+    X, y = _data()
+    training, finish = threading.Event(), threading.Event()
+
+    class Hold(Callback):
+        def on_epoch_end(self, estimator, **info):
+            training.set()
+            finish.wait(60)
+
+    before = _setups(four)
+    first = DaskClassifier(client=four, max_workers=1, batch_size=32, max_epochs=2, random_state=0,
+                           callbacks=[Hold()])
+    thread = threading.Thread(target=first.fit, args=(X, y))
+    thread.start()
+    try:
+        assert training.wait(60)
+        first_worker = {w for w, n in _setups(four).items() if n > before[w]}
+        DaskClassifier(client=four, max_workers=1, batch_size=32, max_epochs=1, random_state=1).fit(X, y)
+        both = {w for w, n in _setups(four).items() if n > before[w]}
+    finally:
+        finish.set()
+        thread.join(60)
+    assert len(first_worker) == 1 and len(both) == 2, (first_worker, both)
+    assert set(_workers(first)) == {1}

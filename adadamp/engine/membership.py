@@ -12,18 +12,24 @@ the others free.  Workers a coming batch will want (the schedule read ahead) are
 background beforehand and wait on *standby*, so that a growing batch takes them at once.  With
 ``scale_cluster`` the cluster is also asked for the workers the schedule wants about one worker
 start ahead (:mod:`adadamp.cluster` has the policy and the Dask calls).
+
+Fits that share a cluster (a threaded grid search, joblib's Dask backend) spread out: a fit takes
+first the worker its own code runs on (a fit inside a Dask task), then the workers fewest of this
+process's other fits train on (:class:`Occupancy`), then the others in name order.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
 import math
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from distributed import Client
+from distributed import Client, get_worker
 
 from .. import cluster as cl
 from ..exceptions import NoWorkersError, SchedulerLostError
@@ -36,6 +42,36 @@ logger = logging.getLogger(__name__)
 MEMBERSHIP_INTERVAL = 0.5  # seconds between looks at the scheduler's worker list
 HEAL_INTERVAL = 5.0  # seconds a shortfall of workers lasts before they are asked for again
 SETUP_TRIES = 3  # failed set-ups after which a worker is left out of the fit
+
+
+class Occupancy:
+    """How many of this process's fits train on each worker (by address), so that concurrent fits
+    on a shared cluster take different workers rather than all the first ones by name."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._fits: collections.Counter[str] = collections.Counter()
+
+    def move(self, old: Iterable[str], new: Iterable[str]) -> None:
+        """A fit that trained on ``old`` trains on ``new`` now."""
+        with self._lock:
+            self._fits.subtract(old)
+            self._fits.update(new)
+            self._fits = +self._fits  # drop the zeros
+
+    def order(self, workers: Iterable[str]) -> list[str]:
+        """``workers`` in the order a fit should take them: the worker this code runs in (a fit
+        inside a Dask task trains where its task runs), then the least used, then by name."""
+        try:
+            local = get_worker().address
+        except ValueError:  # not inside a Dask worker
+            local = None
+        with self._lock:
+            return sorted(workers, key=lambda w: (w != local, self._fits[w], w))
+
+
+#: This process's fits' workers.
+OCCUPANCY = Occupancy()
 
 
 class Membership:
@@ -74,6 +110,7 @@ class Membership:
         self.limit: int | None = None  # the most workers this fit trains on (None: all it finds)
         self.ahead = 0  # the workers the coming batches want, set up beforehand (those beyond ``limit`` on standby)
         self.standby: list[str] = []  # set up and connected, not training (a coming batch wants them)
+        self._occupied: list[str] = []  # the workers this fit is counted on in OCCUPANCY
         self.start_latency: float | None = None  # seconds from asking the cluster for workers to their arrival (measured)
         self._asked: tuple[float, int] | None = None  # (when, how many) the latest growth asked for, until they came
         self._look_now = False  # the workers wanted rose: look at the next refresh, whatever the interval
@@ -121,6 +158,7 @@ class Membership:
                 return
             if not new:
                 self.workers = []
+                self._occupy([])
                 self._wait_for_workers()
                 force, lost = True, ()
                 continue
@@ -159,12 +197,13 @@ class Membership:
         for w in set(self.standby) - set(standby):
             self.transport.forget(w)
         pending = self._pending[0] if self._pending else []
-        joined = sorted(
+        joined = OCCUPANCY.order(
             w for w in live
             if w not in self.workers and w not in standby and w not in lost and w not in pending and not self.quarantined(w)
         )
         if self.limit is not None:  # set up as many as the coming batches want (in use, on standby or being set up)
             joined = joined[: max(0, max(self.limit, self.ahead) - len(survivors) - len(standby) - len(pending))]
+        self._occupy([*survivors, *joined])  # claimed before their set-up: a concurrent fit's look takes others
         # While training runs on other workers, joiners are set up in the background and take part
         # from the first look after their set-up is done (a slow set-up never stalls an update).
         background = not force and not lost and bool(survivors)
@@ -185,7 +224,7 @@ class Membership:
             self.transport.forget(w)
         # Set up (now or earlier): train on as many as the batch wants, the others wait on standby.
         cold = set(joined)  # set up while this update waited
-        standby = [*standby, *sorted({*joined, *(w for w in ready if w in live and w not in lost)})]
+        standby = [*standby, *OCCUPANCY.order({*joined, *(w for w in ready if w in live and w not in lost)})]
         room = len(standby) if self.limit is None else max(0, self.limit - len(survivors))
         joined, self.standby = standby[:room], standby[room:]
         if joined and survivors:
@@ -242,11 +281,17 @@ class Membership:
             logger.info("the cluster brought the %d workers asked for in %.1f s", self._asked[1], seconds)
             self._asked = None
 
+    def _occupy(self, workers: list[str]) -> None:
+        """Count this fit on ``workers`` (and off those it counted on before) in :data:`OCCUPANCY`."""
+        OCCUPANCY.move(self._occupied, workers)
+        self._occupied = list(workers)
+
     def _change_to(self, new: list[str]) -> tuple[str, ...]:
         """Place the data on ``new``; returns the workers that could not take their blocks."""
         failed = self._place(new)
         for w, err in failed.items():
             self.strike(w, err)
+        self._occupy(new)
         self.workers = new
         return tuple(failed)
 
@@ -293,6 +338,7 @@ class Membership:
                 self._pending[1].result(timeout=self.policy.update_timeout)
             self._pending = None
         self.transport.close()
+        self._occupy([])
         reachable = [w for w in self.set_up if not self.quarantined(w)]  # a hung one drops it when it wakes
         with contextlib.suppress(Exception):
             self.transport.call_all(
