@@ -11,7 +11,9 @@ On three tasks, each run on its own LocalCluster of emulated accelerators
   ``grads_per_worker`` the estimator's default 128);
 - **geodamp-tuned**: GeoDamp growing the batch 32 -> 256 and the workers with it at 32 examples
   per worker, every 1 or every 2 epochs (the better of the two per task);
-- **goodput**: ``batch_size=Goodput`` with nothing set.
+- **goodput**: ``batch_size=Goodput`` with nothing set;
+- **goodput-pollux** (an ablation, not in the summary): ``Goodput(anneal=False)``, the learning
+  rate following AdaScale's gain alone as Pollux's does (no decay as the noise scale grows).
 
 Every run may use 8 workers (``max_workers=8``) of the process's embedded cluster, kept warm
 with 8 workers running between runs (as in a notebook after a first large fit): each run uses
@@ -97,6 +99,7 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     **{f"geodamp-delay{d}": ("geodamp-tuned", {"batch_size": GeoDamp(initial=32, delay=d, factor=2, max_batch_size=256),
                                                 "grads_per_worker": 32}) for d in (1, 2)},
     "goodput": ("goodput", {"batch_size": Goodput}),
+    "goodput-pollux": ("goodput-pollux", {"batch_size": Goodput(anneal=False)}),
 }
 
 
@@ -274,7 +277,7 @@ def plot(runs: list[dict]) -> None:
     tasks = [t for t in TASKS if any(r["task"] == t for r in runs)]
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
     style = {"constant": ("tab:gray", ":"), "geodamp-defaults": ("tab:orange", "--"), "geodamp-tuned": ("tab:blue", "-."),
-             "goodput": ("tab:red", "-")}
+             "goodput": ("tab:red", "-"), "goodput-pollux": ("tab:pink", "-")}
     for ax, name in zip(axes[0], tasks):
         for r in sorted((r for r in runs if r["task"] == name), key=lambda r: r["config"]):
             color, ls = style[r["family"]]

@@ -16,7 +16,7 @@ from sklearn.base import clone
 from adadamp import Callback, DaskRegressor
 from adadamp import checkpoint as ckpt
 from adadamp.dampers import Goodput, GradStats, ThroughputModel, TrainState, goodput
-from adadamp.dampers.goodput import MIN_ESTIMATES, efficiency, noise_scale
+from adadamp.dampers.goodput import MIN_ESTIMATES, MIN_SAMPLES, anneal_factor, efficiency, noise_scale
 from adadamp.exceptions import StopTraining
 from adadamp.records import UpdateRecord
 
@@ -51,6 +51,48 @@ def test_efficiency_is_pollux_form():
 
     r = float(AdaScale.gain_ratio(grad_var=6.0 / 32, grad_sqr=1.0, scale=2))
     assert r / 2 == pytest.approx(efficiency(64, noise=6.0, base=32), rel=1e-12)
+
+
+def test_anneal_factor_is_mccandlish_best_step_at_a_fixed_eps_max():
+    # eps_opt(B) = eps_max / (1 + B_noise / B) (McCandlish et al. 2018, eq. 2.6); lr_0 the best
+    # step at B0 = 32 where B_noise was least (100): eps_max = lr_0 (1 + 100 / 32).  At B_noise
+    # = 600 the best step at B0 is eps_max / (1 + 600 / 32) = lr_0 * 132 / 632.
+    assert anneal_factor(600.0, least=100.0, base=32) == pytest.approx(132 / 632, rel=1e-15)
+    assert anneal_factor(100.0, least=100.0, base=32) == 1.0
+    assert anneal_factor(50.0, least=100.0, base=32) == 1.0  # never above AdaScale's rule
+    assert anneal_factor(math.inf, least=100.0, base=32) == 1.0  # no signal seen: unknown
+    assert anneal_factor(600.0, least=math.inf, base=32) == 1.0  # no estimate yet
+    # Times AdaScale's gain at B = 256 it is the best step there, relative to lr_0:
+    # eps_opt(256) / lr_0 = (1 + 100/32) / (1 + 600/256).
+    from adadamp.dampers import AdaScale
+
+    r = float(AdaScale.gain_ratio(grad_var=600.0 / 32, grad_sqr=1.0, scale=8))
+    assert r * anneal_factor(600.0, 100.0, 32) == pytest.approx((1 + 100 / 32) / (1 + 600 / 256), rel=1e-12)
+
+
+def test_learning_rate_decays_as_the_noise_scale_grows():
+    # B0 = 2, batches of 4 (S = 2) in two chunks.  First sigma^2 = 6, mu^2 = 1 (B_noise = 6; from
+    # g = 2.5, Q = 16), then sigma^2 = 6, mu^2 = 0.5 (B_noise = 12; g = 2.0, Q = Q - N g ... = 14).
+    # A tiny smoothing keeps the last estimate.  Gains (v = sigma^2 / B0 = 3): (3 + 1) / (1.5 + 1)
+    # = 1.6, then (3 + 0.5) / (1.5 + 0.5) = 1.75; the decay (2 + 6) / (2 + 12) = 4 / 7, so the
+    # learning rate is 1.75 * 4 / 7 = 1.0 lr_0: McCandlish's eps_opt(4) = eps_max / (1 + 12 / 4)
+    # with eps_max = lr_0 (1 + 6 / 2).
+    state = TrainState(0, 0, 0.0, 100, 1)
+    first, later = GradStats(4, 2.5, 16.0, 2), GradStats(4, 2.0, 14.0, 2)
+    for anneal, expected in ((True, 1.0), (False, 1.75)):
+        d = Goodput(initial=2, smoothing=1e-12, anneal=anneal).reset(n_data=100)
+        for _ in range(MIN_ESTIMATES):
+            plan = d.plan_update(state, 4, first)
+        assert d.noise_scale_ == pytest.approx(6.0) and plan.lr_factor == pytest.approx(1.6)
+        plan = d.plan_update(state, 4, later)
+        assert d.noise_scale_ == pytest.approx(12.0) and d.scaler_.gain_ == pytest.approx(1.75)
+        assert plan.lr_factor == pytest.approx(expected, rel=1e-9), anneal
+        assert d.explain()["decay"] == pytest.approx(4 / 7 if anneal else 1.0)
+    # The noise scale falling back does not raise the learning rate above AdaScale's.
+    d.set_params(anneal=True).reset(100)
+    for stats in [first] * MIN_ESTIMATES + [later, first]:
+        plan = d.plan_update(state, 4, stats)
+    assert plan.lr_factor == pytest.approx(1.6) and d.least_noise_ == pytest.approx(6.0)
 
 
 def test_throughput_model_recovers_the_terms():
@@ -164,6 +206,24 @@ def test_all_noise_grows_batch_and_workers_by_bounded_steps():
     assert max(w for _, w in seen) == 8  # the budget
 
 
+def test_growth_at_the_factor_bound_is_rechecked_as_soon_as_measured():
+    # All noise on a warm cluster, interval 50: each step doubles the workers (the most
+    # max_factor allows), so the next look comes once the step is measured (MIN_SAMPLES updates
+    # after the one that moved the data), not 50 updates on.  Before, (64, 2) came at update 50.
+    seen = _drive(Goodput(initial=32, interval=50), 40, _pure_noise, _device, warm=True)
+    changes = _changes(seen)
+    workers = [(t, bw) for (t, bw), (_, before) in zip(changes[1:], changes) if bw[1] != before[1]]
+    assert [bw for _, bw in workers] == [(64, 2), (128, 4), (256, 8)]
+    assert workers[0][0] == MIN_ESTIMATES  # the first look: once the noise scale is trusted
+    steps = [t1 - t0 for (t0, _), (t1, _) in itertools.pairwise(workers)]
+    assert steps == [MIN_SAMPLES + 1] * 2
+    # At the budget the batch alone grows while each step is at the bound, then the interval holds.
+    d = Goodput(initial=32, interval=50, max_batch_size=512)
+    seen = _drive(d, 120, _pure_noise, _device, warm=True)
+    assert seen[-1] == (512, 8) and not d.exploring_
+    assert max(t for t, _ in _changes(seen)) < 40
+
+
 def test_no_noise_keeps_the_initial_batch():
     seen = _drive(Goodput(initial=32, interval=10), 80, _no_noise, _device)
     # A larger batch only wastes examples; a second worker halves the compute, and the workers
@@ -233,6 +293,7 @@ def test_learning_rate_follows_the_adascale_gain_or_its_square_root():
         ({"threshold": -0.1}, "threshold must be a number >= 0"),
         ({"smoothing": 1.0}, "smoothing must be in \\(0, 1\\)"),
         ({"lr_rule": "lars"}, "lr_rule must be one of"),
+        ({"anneal": "yes"}, "anneal must be True or False"),
         ({"momentum": "fast"}, "momentum"),
     ],
 )

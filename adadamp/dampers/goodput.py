@@ -27,6 +27,8 @@ WORKER_WAIT = 10.0
 #: Batch sizes tried per ``max_factor`` each way: a geometric grid around the current one.
 GRID_STEPS = 4
 LR_RULES = ("auto", "sgd", "adam")
+#: Relative goodput difference taken as a tie (a fitted term of 1e-21 s is rounding, not a gain).
+TIE = 1e-9
 
 
 def noise_scale(sigma2: float, mu2: float) -> float:
@@ -48,6 +50,31 @@ def noise_scale(sigma2: float, mu2: float) -> float:
     if mu2 <= 0:
         return math.inf
     return sigma2 / float(mu2)
+
+
+def anneal_factor(noise: float, least: float, base: int) -> float:
+    r"""The learning rate's decay as the noise scale grows: ``(B_0 + B_least) / (B_0 + B_noise)``.
+
+    McCandlish et al. 2018 (Sec. 2.2, eq. 2.6-2.7; App. A): the step size of most progress at
+    batch ``B`` is ``eps_opt(B) = eps_max / (1 + B_noise / B)``, ``eps_max`` the step of the
+    noiseless gradient (set by the curvature along it).  AdaScale's gain is the ratio of two such
+    steps at the same moment, ``eps_opt(B) / eps_opt(B_0)``, and keeps ``eps_opt(B_0)`` at the
+    learning rate the user gave, ``lr_0``, all along.  Taking ``eps_max`` as fixed instead, and
+    ``lr_0`` as the best step at ``B_0`` where the noise scale was least (``B_least``: early, when
+    the gradient is large), the best step at ``B_0`` later is ``lr_0`` times this factor: the
+    learning rate decays as the noise scale grows, as a batch grown at a fixed learning rate
+    anneals.  At most 1 (never above AdaScale's rule); 1 while either is unknown or infinite.
+
+    Examples
+    --------
+    >>> anneal_factor(noise=600.0, least=100.0, base=32)  # (32 + 100) / (32 + 600)
+    0.2088607594936709
+    >>> anneal_factor(noise=math.inf, least=100.0, base=32), anneal_factor(50.0, 100.0, 32)
+    (1.0, 1.0)
+    """
+    if not (math.isfinite(noise) and math.isfinite(least)):
+        return 1.0
+    return min(1.0, (base + max(least, 0.0)) / (base + max(noise, 0.0)))
 
 
 def efficiency(batch_size, noise: float, base: int):
@@ -172,14 +199,25 @@ class Goodput(BaseDamper):
     and the workers with it where they pay for themselves; ``max_workers`` of the estimator is
     the budget.  It changes only when the predicted goodput is at least ``1 + threshold`` times
     the current one, at most every ``interval`` updates and by at most ``max_factor``, so the
-    cluster does not thrash.  Where more workers are needed, they are asked for first
+    cluster does not thrash.  While a change grows as far as ``max_factor`` allows (the model
+    wants more than one step gives: at the start, and as long as each step confirms it), the next
+    look comes as soon as the new choice is measured (``MIN_SAMPLES`` updates), not ``interval``
+    updates on: a trust region that widens while the steps taken bear the model out, so the
+    growth from ``initial`` on one worker takes a few updates per doubling.  Pollux bounds a
+    job's growth the same way (at most twice the most GPUs it has had, Qiao et al. OSDI'21,
+    Sec. 4.2), against a throughput model extrapolated too far.  Where more workers are needed, they are asked for first
     (:meth:`forecast_batch_size` names the coming batch) and the change is made once they are
     there (``TrainState.available_workers``: on a warm cluster at once; or after ``WORKER_WAIT``
     = 10 s of training if they do not come).  Nothing restarts: the workers join the running fit.
 
     The learning rate follows AdaScale's gain ``r = S E(B)`` with ``S = B / B_0`` (Johnson et al.
     2020): ``lr = r * lr_0`` for SGD, ``sqrt(r) * lr_0`` for Adam and the other adaptive
-    optimizers (:class:`AdamScale`).  The epoch clock counts data epochs, as for the other
+    optimizers (:class:`AdamScale`).  With ``anneal`` (the default) it is also multiplied by
+    :func:`anneal_factor`: ``lr_0`` is taken as the best step at ``B_0`` where the noise scale was
+    least, and the best step falls as the noise scale grows (McCandlish et al. 2018, Sec. 2.2),
+    so the gradient noise anneals as it does when a batch grows at a fixed learning rate
+    (:class:`GeoDamp`); without it the learning rate keeps the base batch's noise (Pollux's
+    rule) and reaches no higher an accuracy than ``lr_0`` at ``B_0`` does.  The epoch clock counts data epochs, as for the other
     batch schedules, so ``max_epochs`` means passes over the data.
 
     Parameters
@@ -205,6 +243,9 @@ class Goodput(BaseDamper):
         root).
     momentum : None, float, callable or "tang", default=None
         Momentum rule (see :func:`tang_momentum`).
+    anneal : bool, default=True
+        Decay the learning rate as the noise scale grows (:func:`anneal_factor`); False:
+        AdaScale's gain alone.
 
     Attributes
     ----------
@@ -212,6 +253,13 @@ class Goodput(BaseDamper):
         The current choice (``workers_`` None until the first: the cluster policy's).
     noise_scale_ : float
         ``B_noise`` of the last update (NaN before enough estimates).
+    least_noise_ : float
+        The least ``B_noise`` so far (inf before enough estimates): where ``lr_0`` is the best step.
+    decay_ : float
+        The learning rate's :func:`anneal_factor` (1 without ``anneal``).
+    exploring_ : bool
+        Whether the last change grew as far as ``max_factor`` allows (the next look comes as soon
+        as it is measured).
     model_ : tuple of float or None
         The last fitted :class:`ThroughputModel`'s terms.
     n_changes_ : int
@@ -220,7 +268,7 @@ class Goodput(BaseDamper):
     Notes
     -----
     Every update row of ``history_`` gets ``noise_scale``, ``efficiency`` (of its batch),
-    ``gain`` and ``predicted_throughput`` (examples per second the model predicts for its batch
+    ``gain``, ``decay`` (:func:`anneal_factor`) and ``predicted_throughput`` (examples per second the model predicts for its batch
     and workers; NaN before the first fit): why the damper chose as it did.  Unlike Pollux it
     neither checkpoints nor restarts the job when the workers change, and it picks only its own
     fit's workers (Pollux's scheduler also shares the cluster between jobs).
@@ -250,6 +298,7 @@ class Goodput(BaseDamper):
         smoothing: float = 0.99,
         lr_rule: str = "auto",
         momentum=None,
+        anneal: bool = True,
     ):
         self.initial = initial
         self.max_batch_size = max_batch_size
@@ -259,6 +308,7 @@ class Goodput(BaseDamper):
         self.smoothing = smoothing
         self.lr_rule = lr_rule
         self.momentum = momentum
+        self.anneal = anneal
 
     # -- protocol ----------------------------------------------------------
 
@@ -294,6 +344,8 @@ class Goodput(BaseDamper):
                 f"AdaScale's gain, 'adam': with its square root); got {self.lr_rule!r}."
             )
         _check_momentum(self.momentum, name)
+        if not isinstance(self.anneal, (bool, np.bool_)):
+            raise ValueError(f"{name}: anneal must be True or False; got {self.anneal!r}.")  # noqa: TRY004 (as every bad parameter at reset)
         _check_int(n_data, "n_data", low=1)
         cap = int(n_data) if self.max_batch_size is None else min(int(self.max_batch_size), int(n_data))
         self.cap_ = max(int(self.initial), cap)
@@ -308,6 +360,9 @@ class Goodput(BaseDamper):
         self.last_workers_ = 0
         self.model_ = None
         self.noise_scale_ = math.nan
+        self.least_noise_ = math.inf
+        self.decay_ = 1.0
+        self.exploring_ = True  # the start: grow as fast as the measurements confirm it
         self.optimizer_family_ = None
         return self
 
@@ -319,7 +374,7 @@ class Goodput(BaseDamper):
         if planned is not None and (_available(state) >= planned[1] or self.waited_ >= WORKER_WAIT):
             self._switch(*planned)  # the workers asked for are there (or are not coming soon)
             self.planned_, self.evaluated_at_ = None, state.n_updates
-        elif state.n_updates - self.evaluated_at_ >= self.interval:
+        elif (self.exploring_ and planned is None) or state.n_updates - self.evaluated_at_ >= self.interval:
             self._evaluate(state)
         return self.batch_size_
 
@@ -337,7 +392,10 @@ class Goodput(BaseDamper):
         self.scaler_.plan_update(state, batch_size, stats)  # the noise averages first, then the gain
         if self.scaler_.n_estimates_ >= MIN_ESTIMATES:
             self.noise_scale_ = noise_scale(self.scaler_.grad_variance(), self.scaler_.grad_sqr())
-        lr_factor = self.scaler_.gain_ ** self._gain_power()
+            if self.anneal and math.isfinite(self.noise_scale_):  # inf (no signal seen): the decay stands
+                self.least_noise_ = min(self.least_noise_, self.noise_scale_)
+                self.decay_ = anneal_factor(self.noise_scale_, self.least_noise_, int(self.initial))
+        lr_factor = (self.scaler_.gain_ * self.decay_) ** self._gain_power()
         return UpdatePlan(lr_factor=lr_factor, momentum=_resolve_momentum(self.momentum, state.n_workers, batch_size))
 
     def observe(self, record: UpdateRecord) -> None:
@@ -357,7 +415,7 @@ class Goodput(BaseDamper):
         if self.model_ is not None:
             tput = float(ThroughputModel(*self.model_).throughput(b, self._current_workers()))
         return {"noise_scale": float(noise), "efficiency": eff, "gain": float(self.scaler_.gain_),
-                "predicted_throughput": tput}
+                "decay": float(self.decay_), "predicted_throughput": tput}
 
     # -- the choice --------------------------------------------------------
 
@@ -384,7 +442,7 @@ class Goodput(BaseDamper):
             score[b >= below] = -np.inf
         current = self._goodput(model, noise, batch_size, n_workers) if n_workers <= budget else -np.inf
         i, j = np.unravel_index(int(np.argmax(score)), score.shape)
-        if not score[i, j] > current:  # ties keep the current choice
+        if not score[i, j] > current * (1 + TIE):  # ties (to rounding) keep the current choice
             return int(batch_size), int(n_workers)
         return int(batches[i]), int(workers[j])
 
@@ -419,8 +477,10 @@ class Goodput(BaseDamper):
             gain = self._goodput(model, noise, *choice) / self._goodput(model, noise, *current)
             return choice != current and gain >= 1 + self.threshold
 
-        target = self.best(model, noise, *current, budget=state.max_workers or state.n_workers)
+        budget = state.max_workers or state.n_workers
+        target = self.best(model, noise, *current, budget=budget)
         previous, self.planned_ = self.planned_, None
+        self.exploring_ = worth(target) and self._at_edge(target, current, budget)
         if not worth(target):
             if previous is not None and self._goodput(model, noise, *previous) > self._goodput(model, noise, *current):
                 self.planned_ = previous  # it stands while it is better: dropping it would retire its workers
@@ -439,6 +499,12 @@ class Goodput(BaseDamper):
             if not worth(target):
                 return
         self._switch(*target)
+
+    def _at_edge(self, target: tuple[int, int], current: tuple[int, int], budget: int) -> bool:
+        """Whether ``target`` grows the batch or the workers as far as ``max_factor`` allows from
+        ``current``, short of the cap and the budget: the model wants more than one step gives."""
+        batches, workers = self._candidates(*current, budget)
+        return bool(target[0] == batches.max() < self.cap_ or target[1] == workers.max() < max(1, int(budget)))
 
     def _switch(self, batch_size: int, n_workers: int) -> None:
         self.batch_size_, self.workers_ = int(batch_size), int(n_workers)
