@@ -9,8 +9,10 @@ Systems (each in a fresh Python process, data made before the clock starts):
 
 - ``adadamp``: ``GridSearchCV(DaskClassifier(client=...))`` on a warm LocalCluster of 2
   single-threaded workers (``n_jobs=1``: each fit uses both workers).
+- ``adadamp-2``: the same search with ``n_jobs=2`` on joblib's threads, each fit with
+  ``max_workers=1``: two fits at once, each on its own worker (as skorch's ``n_jobs=2``).
 - ``adadamp-joblib-dask``: the same search inside ``joblib.parallel_backend("dask")``: each fit is a
-  task on a worker, whose estimator trains on the same cluster.
+  task on a worker, whose estimator trains there (``max_workers=1``: the worker its task runs on).
 - ``skorch-1`` / ``skorch-2``: skorch's ``NeuralNetClassifier`` in ``GridSearchCV`` with
   ``n_jobs=1`` (2 torch threads) / ``n_jobs=2`` (joblib's processes, 1 torch thread each).
 - ``skorch-joblib-dask``: skorch's search inside ``joblib.parallel_backend("dask")`` on the same
@@ -40,7 +42,7 @@ from torch import nn
 from .workloads import WORKLOADS, mlp
 
 HERE = Path(__file__).resolve().parent
-SYSTEMS = ("plain", "adadamp", "skorch-1", "skorch-2", "adadamp-joblib-dask", "skorch-joblib-dask")
+SYSTEMS = ("plain", "adadamp", "adadamp-2", "skorch-1", "skorch-2", "adadamp-joblib-dask", "skorch-joblib-dask")
 LRS = (0.005, 0.01, 0.02, 0.05)
 SCHEDULES = ("constant-512", "256-then-512")
 EPOCHS, FOLDS, MOMENTUM = 2, 3, 0.9
@@ -62,7 +64,7 @@ def _adadamp_grid():
     return {"batch_size": [schedules[s] for s in SCHEDULES], "optimizer__lr": list(LRS)}
 
 
-def run_adadamp(X, y, joblib_dask: bool = False) -> dict:
+def run_adadamp(X, y, joblib_dask: bool = False, n_jobs: int = 1) -> dict:
     import joblib
     from sklearn.model_selection import GridSearchCV
 
@@ -74,16 +76,14 @@ def run_adadamp(X, y, joblib_dask: bool = False) -> dict:
     cluster, client = local_cluster(2)
     try:
         client.wait_for_workers(2)
+        parallel = joblib_dask or n_jobs > 1  # several fits at once: one worker each
         est = DaskClassifier(module=mlp(), optimizer=torch.optim.SGD, optimizer__momentum=MOMENTUM, max_epochs=EPOCHS,
-                             random_state=0, client=None if joblib_dask else client)
+                             random_state=0, client=None if joblib_dask else client, max_workers=1 if parallel else None)
         search = GridSearchCV(est, _adadamp_grid(), cv=FOLDS, refit=False, error_score="raise",
-                              n_jobs=-1 if joblib_dask else 1)
+                              n_jobs=-1 if joblib_dask else n_jobs)
         with client.as_current():
             start = time.perf_counter()
-            if joblib_dask:
-                with joblib.parallel_backend("dask"):
-                    search.fit(X, y)
-            else:
+            with joblib.parallel_backend("dask" if joblib_dask else "threading"):
                 search.fit(X, y)
             wall = time.perf_counter() - start
     finally:
@@ -191,6 +191,8 @@ def run_system(system: str, quick: bool) -> dict:
         return run_plain(X, y)
     if system == "adadamp":
         return run_adadamp(X, y)
+    if system == "adadamp-2":
+        return run_adadamp(X, y, n_jobs=2)
     if system == "adadamp-joblib-dask":
         return run_adadamp(X, y, joblib_dask=True)
     if system == "skorch-joblib-dask":
