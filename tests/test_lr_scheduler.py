@@ -108,9 +108,10 @@ def test_parameters_route_and_clone():
     from sklearn.base import clone
 
     est = _sgd(LRScheduler(policy="StepLR", step_size=2)).set_params(callbacks__lr__gamma=0.3)
+    from adadamp.building import routed
     from adadamp.callbacks import resolve
 
-    (_, cb), = resolve(est.callbacks, est._params_for("callbacks"))
+    (_, cb), = resolve(est.callbacks, routed(est.get_params(deep=False), "callbacks"))
     assert (cb.step_size, cb.gamma) == (2, 0.3)
     assert clone(cb).get_params() == {"policy": "StepLR", "step_every": "epoch", "monitor": "train_loss",
                                       "step_size": 2, "gamma": 0.3}
