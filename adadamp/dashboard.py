@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 TOPIC = "adadamp"
 UPDATE_FIELDS = ("batch_size", "lr", "n_workers", "loss", "compute_time", "comm_time", "step_time", "update_time",
                  "share_min", "share_max", "stragglers", "lost",
-                 "noise_scale", "efficiency", "predicted_throughput")  # the last three: Goodput's reasons
+                 "noise_scale", "efficiency", "predicted_throughput", "decay")  # the last four: Goodput's reasons
 MAX_POINTS = 2000  # per series sent to the page (longer fits are thinned evenly)
 #: What a fit id looks like (``Publisher`` draws 12 hex digits); the page refuses anything else.
 FIT_ID = re.compile(r"[0-9a-f]{12}")
@@ -338,9 +338,10 @@ def page_html(data_url: str, fit: str) -> str:
         times.line("update", field, source=updates, legend_label=field.replace("_time", ""), color=color, alpha=0.7)
     noise = figure(title="gradient noise scale (Goodput's reason)", y_axis_type="log", **size)
     noise.line("update", "noise_scale", source=updates, color="red")
-    efficiency = figure(title="statistical efficiency of the batch (Goodput)", **size)
-    efficiency.line("update", "efficiency", source=updates, color="gray")
-    for fig in (loss, times, workers, shares):
+    efficiency = figure(title="statistical efficiency of the batch, learning-rate decay (Goodput)", **size)
+    efficiency.line("update", "efficiency", source=updates, color="gray", legend_label="efficiency")
+    efficiency.line("update", "decay", source=updates, color="purple", legend_label="lr decay")
+    for fig in (loss, times, workers, shares, efficiency):
         fig.legend.location = "top_right"
         fig.legend.click_policy = "hide"
     script, div = components(gridplot([[loss, times], [batch, lr], [workers, shares], [noise, efficiency]]))

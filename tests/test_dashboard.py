@@ -85,6 +85,17 @@ def test_long_fits_are_thinned_for_the_page(monkeypatch):
     assert data["progress"]["updates"] == 5000 and data["progress"]["state"] == "running"
 
 
+def test_goodputs_reasons_are_published_with_each_update():
+    """The page plots Goodput's noise scale, efficiency and learning-rate decay: the rows it is sent
+    carry them (other dampers' records have none, and their rows leave them out)."""
+    publisher = dashboard.Publisher(None, "X", {}, n_data=10, epochs=1)
+    publisher.update(1, {"loss": 0.5, "batch_size": 4, "noise_scale": 80.0, "efficiency": 0.9, "decay": 0.5})
+    publisher.update(2, {"loss": 0.4, "batch_size": 4})
+    first, second = publisher._pending
+    assert (first["noise_scale"], first["efficiency"], first["decay"]) == (80.0, 0.9, 0.5)
+    assert "decay" not in second
+
+
 def test_publishing_never_stops_a_fit():
     publisher = dashboard.Publisher(None, "X", {}, n_data=10, epochs=1)  # no client: nothing to publish to
     publisher.update(1, {"loss": np.float64(0.5), "batch_size": 4})
