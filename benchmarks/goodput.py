@@ -49,6 +49,7 @@ from adadamp.callbacks import Callback
 from adadamp.dampers import GeoDamp, Goodput
 from adadamp.modules import MLP
 
+from .accuracy_tasks import accuracy
 from .emulated import Emulated
 
 HERE = Path(__file__).resolve().parent
@@ -119,10 +120,7 @@ class Curve(Callback):
 
     def _point(self, module, loop, record):
         t = time.perf_counter()
-        module.eval()
-        with torch.no_grad():
-            acc = float((module(torch.from_numpy(self.X)).argmax(1).numpy() == self.y).mean())
-        module.train()
+        acc = accuracy(module, self.X, self.y)
         self.points_.append({"time": t - self.start - self.spent_, "epoch": round(float(loop.epoch), 4),
                              "updates": int(loop.n_updates), "accuracy": acc,
                              "batch_size": int(record["batch_size"]), "n_workers": int(record["n_workers"])})

@@ -72,7 +72,7 @@ def test_parameter_server_on_cuda_trains_as_on_cpu(gpus, data):
 
 def test_allreduce_on_cuda_uses_nccl_and_trains_as_on_cpu(gpus, data):
     if torch.cuda.device_count() < 2:
-        pytest.skip(f"NCCL needs a GPU per replica: 2 GPUs, this machine has {torch.cuda.device_count()}")
+        pytest.skip(reason=f"NCCL needs a GPU per replica: 2 GPUs, this machine has {torch.cuda.device_count()}")
     cpu = DaskClassifier(client=gpus, **_params()).fit(*data)
     est = DaskClassifier(client=gpus, device="cuda", backend=AR, **_params())
     est.partial_fit(*data)  # kept open: the replicas stay on the workers
@@ -90,7 +90,7 @@ def test_a_checkpoint_written_on_gpu_resumes_on_cpu(gpus, data, tmp_path, backen
     from test_elastic import StopAt, Stopped  # the crash the elastic tests simulate
 
     if backend == AR and torch.cuda.device_count() < 2:
-        pytest.skip(f"NCCL needs a GPU per replica: 2 GPUs, this machine has {torch.cuda.device_count()}")
+        pytest.skip(reason=f"NCCL needs a GPU per replica: 2 GPUs, this machine has {torch.cuda.device_count()}")
     path = tmp_path / "ckpt.pt"
     stopped = DaskClassifier(client=gpus, device="cuda", backend=backend, callbacks=[("stop", StopAt(stop=21))],
                              checkpoint=path, checkpoint_every=4, **_params())

@@ -255,8 +255,7 @@ class Membership:
     def running(self) -> int:
         """The workers the scheduler listed as running at the watcher's last look (this fit's, idle
         ones, other fits' on a shared cluster), and at least this fit's."""
-        latest = self._latest
-        return max(len(latest) if isinstance(latest, dict) else 0, len(self.workers))
+        return max(len(self.latest or ()), len(self.workers))
 
     def planned(self) -> int:
         """The workers the client's cluster means to have (a ``SpecCluster``'s ``plan``: running,
