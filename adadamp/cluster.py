@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import math
 import os
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -147,6 +148,7 @@ PLUGIN_ATTEMPTS = 3
 
 #: client -> {plugin name: (scheduler id, workers) it was registered with} (see :func:`ensure_plugin`)
 _REGISTERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_REGISTERING = threading.Lock()  # guards _REGISTERED and the broadcast that follows a miss
 
 
 def ensure_plugin(client: Client, make_plugin, name: str, register=None) -> bool:
@@ -161,17 +163,18 @@ def ensure_plugin(client: Client, make_plugin, name: str, register=None) -> bool
     worker joining) registers again: on the multi-host test bed a worker that came back after its
     host was killed trained without the plugin's handlers otherwise (tests/test_multihost.py).
     """
-    identity = client.scheduler_info(n_workers=-1)
-    seen = (identity.get("id"), frozenset(identity.get("workers", {})))
-    known = _REGISTERED.setdefault(client, {})
-    if seen[0] is not None and known.get(name) == seen:
-        return False
-    if register is None:
-        client.register_plugin(make_plugin(), name=name)
-    else:
-        register(client, make_plugin(), name)
-    known[name] = seen
-    return True
+    with _REGISTERING:  # concurrent fits (a threaded search): one broadcast, not one tearing down another's
+        identity = client.scheduler_info(n_workers=-1)
+        seen = (identity.get("id"), frozenset(identity.get("workers", {})))
+        known = _REGISTERED.setdefault(client, {})
+        if seen[0] is not None and known.get(name) == seen:
+            return False
+        if register is None:
+            client.register_plugin(make_plugin(), name=name)
+        else:
+            register(client, make_plugin(), name)
+        known[name] = seen
+        return True
 
 
 def register_worker_plugin(client: Client, plugin, name: str) -> None:
