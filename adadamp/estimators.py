@@ -500,7 +500,8 @@ class BaseDaskEstimator(BaseEstimator):
             state.callbacks = callbacks  # the clones that run, kept with what they learn
             weighted, valid = building.ready(state, made)
             loop = FitLoop(self, state, checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every,
-                           verbose=self.verbose, valid=valid, page=dashboard.opener(type(self).__name__, params, state))
+                           verbose=self.verbose, valid=valid, page=dashboard.opener(type(self).__name__, params, state),
+                           budgeted=not keep)
             self._training_state = state  # save_params from a callback saves this state, not the last fit's
             start = state.loop.n_updates
             try:

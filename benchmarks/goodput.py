@@ -12,8 +12,11 @@ On three tasks, each run on its own LocalCluster of emulated accelerators
 - **geodamp-tuned**: GeoDamp growing the batch 32 -> 256 and the workers with it at 32 examples
   per worker, every 1 or every 2 epochs (the better of the two per task);
 - **goodput**: ``batch_size=Goodput`` with nothing set;
-- **goodput-pollux** (an ablation, not in the summary): ``Goodput(anneal=False)``, the learning
-  rate following AdaScale's gain alone as Pollux's does (no decay as the noise scale grows).
+- **goodput-pollux** (an ablation, not in the summary): ``Goodput(cooldown=0)``, the learning
+  rate following AdaScale's gain alone as Pollux's does (no cool-down at the end of the fit);
+- **goodput-anneal** (an ablation, not in the summary): ``Goodput(anneal=True)``, the learning
+  rate also decayed as the noise scale grows (McCandlish et al.'s best step; the default until
+  the cool-down measured better).
 
 Every run may use 8 workers (``max_workers=8``) of the process's embedded cluster, kept warm
 with 8 workers running between runs (as in a notebook after a first large fit): each run uses
@@ -100,7 +103,8 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     **{f"geodamp-delay{d}": ("geodamp-tuned", {"batch_size": GeoDamp(initial=32, delay=d, factor=2, max_batch_size=256),
                                                 "grads_per_worker": 32}) for d in (1, 2)},
     "goodput": ("goodput", {"batch_size": Goodput}),
-    "goodput-pollux": ("goodput-pollux", {"batch_size": Goodput(anneal=False)}),
+    "goodput-pollux": ("goodput-pollux", {"batch_size": Goodput(cooldown=0.0)}),
+    "goodput-anneal": ("goodput-anneal", {"batch_size": Goodput(anneal=True)}),
 }
 
 
@@ -275,7 +279,7 @@ def plot(runs: list[dict]) -> None:
     tasks = [t for t in TASKS if any(r["task"] == t for r in runs)]
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
     style = {"constant": ("tab:gray", ":"), "geodamp-defaults": ("tab:orange", "--"), "geodamp-tuned": ("tab:blue", "-."),
-             "goodput": ("tab:red", "-"), "goodput-pollux": ("tab:pink", "-")}
+             "goodput": ("tab:red", "-"), "goodput-pollux": ("tab:pink", "-"), "goodput-anneal": ("tab:brown", "-")}
     for ax, name in zip(axes[0], tasks):
         for r in sorted((r for r in runs if r["task"] == name), key=lambda r: r["config"]):
             color, ls = style[r["family"]]

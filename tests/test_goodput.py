@@ -16,7 +16,14 @@ from sklearn.base import clone
 from adadamp import Callback, DaskRegressor
 from adadamp import checkpoint as ckpt
 from adadamp.dampers import Goodput, GradStats, ThroughputModel, TrainState, goodput
-from adadamp.dampers.goodput import MIN_ESTIMATES, MIN_SAMPLES, anneal_factor, efficiency, noise_scale
+from adadamp.dampers.goodput import (
+    MIN_ESTIMATES,
+    MIN_SAMPLES,
+    anneal_factor,
+    cooldown_factor,
+    efficiency,
+    noise_scale,
+)
 from adadamp.exceptions import StopTraining
 from adadamp.records import UpdateRecord
 
@@ -283,6 +290,28 @@ def test_learning_rate_follows_the_adascale_gain_or_its_square_root():
     assert Goodput(initial=4).reset(100).plan_update(state, 4, stats).lr_factor == 1.0  # S = 1
 
 
+def test_cooldown_is_one_minus_sqrt_over_the_last_fraction_of_the_call():
+    # A call from epoch 2 to 7 with fraction 0.2: 1 until epoch 6, then 1 - sqrt(e - 6) (a window of 1).
+    assert [cooldown_factor(e, 2.0, 7.0, 0.2) for e in (2.0, 5.9, 6.0, 6.25, 6.91, 7.0)] == pytest.approx(
+        [1.0, 1.0, 1.0, 0.5, 1 - 0.91**0.5, 0.0], abs=1e-12)
+    assert cooldown_factor(6.5, 2.0, 7.0, 0.0) == 1.0 and cooldown_factor(3.0, 3.0, 3.0, 0.2) == 1.0
+
+
+def test_learning_rate_cools_down_before_the_end_of_a_fit_call_only():
+    """The lr factor is AdaScale's (1 with no statistics) times the cool-down of the fit call the
+    damper sees (``TrainState.end_epoch``); a call without an end (``partial_fit``) never cools,
+    and a new call's cool-down counts from where it starts."""
+    def factors(d, epochs, end):
+        return [d.plan_update(TrainState(0, 0, e, 100, 1, end_epoch=end), 32, None).lr_factor for e in epochs]
+
+    d = Goodput(cooldown=0.25).reset(n_data=100)
+    assert factors(d, [0.0, 2.9, 3.0, 3.25, 3.81], end=4.0) == pytest.approx([1, 1, 1, 0.5, 0.1])
+    assert d.explain()["decay"] == pytest.approx(0.1) and d.cooldown_ == pytest.approx(0.1)
+    assert factors(d, [4.0, 4.9], end=None) == [1.0, 1.0]  # partial_fit: no end known
+    assert factors(d, [4.0, 6.0, 7.25], end=8.0) == pytest.approx([1, 1, 0.5])  # warm start: 4 -> 8
+    assert factors(Goodput(cooldown=0.0).reset(100), [3.9], end=4.0) == [1.0]
+
+
 @pytest.mark.parametrize(
     ("params", "match"),
     [
@@ -294,6 +323,7 @@ def test_learning_rate_follows_the_adascale_gain_or_its_square_root():
         ({"smoothing": 1.0}, "smoothing must be in \\(0, 1\\)"),
         ({"lr_rule": "lars"}, "lr_rule must be one of"),
         ({"anneal": "yes"}, "anneal must be True or False"),
+        ({"cooldown": 1.0}, "cooldown must be a number in \\[0, 1\\)"),
         ({"momentum": "fast"}, "momentum"),
     ],
 )
@@ -374,3 +404,26 @@ def test_grows_batch_and_workers_as_the_noise_scale_grows():
     assert batches[grew] > 8 and all(w == 1 for w in workers[:grew])  # ... then the workers
     assert all(np.isfinite(u["predicted_throughput"]) for u in updates[grew:])
     assert est.score(X, y) > 0.75  # R^2; the label noise bounds it at about 0.89
+
+
+class Records(Callback):
+    """Keeps every update's record."""
+
+    def on_update_end(self, estimator, record=None, **info):
+        self.records_ = [*getattr(self, "records_", []), record]
+
+
+def test_a_fit_cools_down_over_its_last_epochs_and_partial_fit_never(client, regression_data):
+    X, y = regression_data
+    params = {"batch_size": Goodput, "batch_size__initial": 16, "batch_size__cooldown": 0.5, "max_epochs": 2, "random_state": 0, "client": client,
+              "callbacks": [("records", Records())]}
+    est = DaskRegressor(**params).fit(X, y)
+    records = dict(est.callbacks_)["records"].records_
+    decay = [r["decay"] for r in records]
+    seen = np.cumsum([0] + [r["batch_size"] for r in records])[:-1]  # examples before each update
+    first = int(np.sum(seen < len(X)))  # the first epoch's updates: before the cool-down
+    assert first < len(records) and decay[:first] == [1.0] * first
+    expected = [1 - (s / len(X) - 1) ** 0.5 for s in seen[first:]]  # 1 - sqrt(epoch - 1), a window of 1
+    assert decay[first:] == pytest.approx(expected, rel=1e-9, abs=1e-12) and 0 < decay[-1] < 0.5
+    est = DaskRegressor(**params).partial_fit(X, y).partial_fit(X, y)
+    assert {r["decay"] for r in dict(est.callbacks_)["records"].records_} == {1.0}

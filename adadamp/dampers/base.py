@@ -43,6 +43,11 @@ class TrainState:
         take at once (idle ones on a shared cluster; not those still
         starting); None where unknown.  :class:`Goodput` changes to more
         workers once they are there.
+    end_epoch : float or None, default=None
+        Where the running ``fit`` call ends on the epoch clock (its
+        ``max_epochs``); None where unknown (``partial_fit``, which may be
+        called again, and the simulator).  :class:`Goodput` cools its
+        learning rate down before it.
 
     Examples
     --------
@@ -59,6 +64,7 @@ class TrainState:
     loss: float | None = None
     max_workers: int | None = None
     available_workers: int | None = None
+    end_epoch: float | None = None
 
 
 @dataclass(frozen=True)

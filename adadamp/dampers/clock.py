@@ -41,6 +41,9 @@ class LoopState:
     data_epoch: int = 0
     position: int = 0
     last_loss: float | None = None
+    #: Where the running ``fit`` call ends on the epoch clock (None: unknown, ``partial_fit``); set by
+    #: the fit loop for the call, not part of the trajectory.
+    end_epoch: float | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def epoch(self) -> float:
@@ -83,7 +86,7 @@ class LoopState:
         ``available_workers``: those running that it could use now)."""
         return TrainState(
             self.n_updates, self.n_samples_seen, self.epoch, self.n_data, max(1, n_workers), loss=self.last_loss,
-            max_workers=max_workers, available_workers=available_workers,
+            max_workers=max_workers, available_workers=available_workers, end_epoch=self.end_epoch,
         )
 
 

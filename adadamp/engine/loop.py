@@ -48,12 +48,15 @@ class FitLoop:
     updates; ``valid`` is ``(X, y)`` held out for ``valid_loss``; ``verbose`` prints the live page's
     address, the time left once the first updates were measured, and a row per epoch.  ``page(client,
     last_epoch)`` opens where the fit's progress is published (the estimator passes the Dask
-    dashboard's :class:`~adadamp.dashboard.Publisher`).
+    dashboard's :class:`~adadamp.dashboard.Publisher`).  ``budgeted``: the call's last epoch is the
+    training's (``fit``; not ``partial_fit``, which may be called again): dampers see it as
+    ``TrainState.end_epoch``.
     """
 
     def __init__(self, estimator, state: TrainingState, *, checkpoint=None, checkpoint_every=None, verbose=0,
-                 valid=None, page: Callable[[Client, int], Page]):
+                 valid=None, page: Callable[[Client, int], Page], budgeted: bool = True):
         self.estimator = estimator
+        self.budgeted = budgeted
         self.page = page
         self.state = state
         self.checkpoint = checkpoint
@@ -96,6 +99,7 @@ class FitLoop:
         s = self.state
         last_epoch = math.floor(s.loop.epoch + 1e-9) + epochs  # where this call ends on the epoch clock
         self._backend, self._last_epoch = backend, last_epoch
+        s.loop.end_epoch = float(last_epoch) if self.budgeted else None
         self._publisher = self.page(backend.client, last_epoch)
         if self._publisher.url is not None:  # printed where the user looks; logged at verbose=0
             if self.verbose:
@@ -127,6 +131,8 @@ class FitLoop:
         except BaseException as err:
             self._publisher.end(error=f"{type(err).__name__}: {err}")
             raise
+        finally:
+            s.loop.end_epoch = None  # the next call sets its own
         self._publisher.end()
         self.call("on_train_end")
 
