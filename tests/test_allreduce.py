@@ -83,7 +83,7 @@ def test_the_clients_bytes_per_member_keep_eight_workers_under_a_kilobyte_at_any
     """Every member's request is the update and its batch's place (its shards only when the data
     is placed again), every reply a few scalars: measured on 2 and 4 real workers at batch 64 and
     4096, the bytes per update are ``intercept + slope * workers``, the same at both batches, and
-    under 1024 both ways at 8 workers (main sent 216 bytes per member: 1728 at 8)."""
+    under 1024 both ways at 8 workers (it sent 224 bytes per member with momentum: 1792 at 8)."""
     X, y = make_classification(n_samples=8192, n_features=8, n_informative=6, n_classes=3, random_state=1)
     X = X.astype(np.float32)
     most = {}  # (workers, batch) -> the most bytes an update sent and received

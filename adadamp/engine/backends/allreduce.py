@@ -3,15 +3,17 @@
 Each update (the parameter server's steps 1-2 are the same: the damper names the batch size,
 the sampler draws the indices from the same seeded permutation, placement routes them):
 
-3. every member gets one small request: the update number, the indices of the shards it holds
-   (the batch is cut into the fit's fixed shards, as on the parameter server), and the step it
-   still owes (the learning rate and momentum per param group and the momentum-buffer scale of
-   the last update's plan, :mod:`adadamp.worker.replica`);
+3. every member gets one small request (under a hundred bytes: :func:`~adadamp.wire.channel.pack_update`):
+   the update number, the batch's place in the epoch's permutation (the member finds its examples
+   in the shards it holds, and their dropout seeds; the batch is cut into the fit's fixed shards,
+   as on the parameter server; the shards themselves are sent again only when the data is placed
+   again), and the step it still owes (the learning rate and momentum per param group and the
+   momentum-buffer scale of the last update's plan, :mod:`adadamp.worker.replica`);
 4. the members take that step, compute their shards' gradient sums (one forward and backward
    pass per shard, so dropout masks and BatchNorm statistics do not depend on how many workers
    share the batch), all-reduce them (in buckets during the last backward pass) with the example
    counts, the loss and the damper's statistics, and keep the batch's mean gradient pending;
-   each replies with a few scalars (under 200 bytes);
+   each replies with a few scalars (96 bytes);
 5. the client's damper plans the step from those statistics; the next request carries it.
 
 The client holds no weights during an epoch: its module is brought up to date (the pending step
