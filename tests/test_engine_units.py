@@ -173,6 +173,10 @@ def test_a_batch_plan_names_the_examples_the_client_would_have_listed(n_blocks, 
         plan = BatchPlan(3, start, start + len(idx), placement.n_shards, placement.n_blocks,
                          placement.block_size or 0, 16, 2, np.array(held, dtype=np.int64))
         plan = BatchPlan.from_array(plan.to_array(layout=False), BatchPlan.from_array(plan.to_array()).layout())
+        with pytest.raises(ValueError, match="no layout"):  # a member that never heard the layout refuses
+            BatchPlan.from_array(plan.to_array(layout=False))
+        with pytest.raises(ValueError, match="3 or at least 8"):
+            BatchPlan.from_array(plan.to_array()[:6])
         mine = set(np.flatnonzero(placement.owner == k).tolist())
 
         def block_of(indices, mine=mine):
