@@ -79,6 +79,33 @@ def test_the_client_sends_and_receives_under_a_kilobyte_per_update_at_any_batch_
     assert max(u["received_bytes"] for u in updates) < 1024
 
 
+def test_the_clients_bytes_per_member_keep_eight_workers_under_a_kilobyte_at_any_batch_size():
+    """Every member's request is the update and its batch's place (its shards only when the data
+    is placed again), every reply a few scalars: measured on 2 and 4 real workers at batch 64 and
+    4096, the bytes per update are ``intercept + slope * workers``, the same at both batches, and
+    under 1024 both ways at 8 workers (it sent 224 bytes per member with momentum: 1792 at 8)."""
+    X, y = make_classification(n_samples=8192, n_features=8, n_informative=6, n_classes=3, random_state=1)
+    X = X.astype(np.float32)
+    most = {}  # (workers, batch) -> the most bytes an update sent and received
+    for n_workers in (2, 4):
+        with _cluster(n_workers) as cluster, Client(cluster) as client:
+            client.wait_for_workers(n_workers)
+            for batch_size in (64, 4096):
+                est = DaskClassifier(batch_size=batch_size, max_epochs=1, random_state=0, backend=AR,
+                                     min_workers=n_workers, optimizer=torch.optim.SGD, optimizer__lr=0.05,
+                                     optimizer__momentum=0.9, client=client).fit(X, y)
+                updates = [u for row in est.history_ for u in row["updates"]]
+                assert len(updates) >= 2 and {u["n_workers"] for u in updates} == {n_workers}
+                most[n_workers, batch_size] = (max(u["sent_bytes"] for u in updates),
+                                               max(u["received_bytes"] for u in updates))
+    for n_workers in (2, 4):  # not a byte more for a batch 64 times larger
+        assert most[n_workers, 64] == most[n_workers, 4096], most
+    for way in (0, 1):
+        slope = (most[4, 64][way] - most[2, 64][way]) / 2
+        at_eight = most[2, 64][way] + 6 * slope
+        assert slope <= 128 and at_eight < 1024, (way, most)
+
+
 def test_regressor_with_batchnorm_and_geodamp(client):
     X, y = make_regression(n_samples=300, n_features=6, noise=1.0, random_state=0)
     X, y = X.astype(np.float32), (y / y.std()).astype(np.float32)

@@ -3,6 +3,7 @@
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -22,6 +23,8 @@ from adadamp.records import GradientReply
 from adadamp.wire.channel import (
     MAX_ERROR_BYTES,
     REQUEST,
+    UPDATE,
+    UPDATE_TAG,
     Channel,
     ChannelAuthError,
     ChannelServer,
@@ -75,6 +78,44 @@ def test_round_trip_with_and_without_weights():
         np.testing.assert_array_equal(seen[0][1], [4, 2, 9])
         assert seen[0][2:] == (2, 123)
         assert seen[1][0] is None and seen[1][3] == 2**62
+    finally:
+        channel.close()
+        server.close()
+
+
+def test_an_all_reduce_request_is_packed_tight_and_the_worker_gets_the_same_vectors():
+    """The step (float64, bit for bit: the replicas' weights depend on it) and the batch plan arrive
+    as the Dask RPC would carry them, in 60 bytes plus 8 per step value owed and 4 per layout value
+    (8 where one does not fit int32); numbers too large for the packing go as a plain request."""
+    seen = []
+
+    def compute(weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, plan, parts):
+        seen.append((weights, indices.size, ahead.size, n_chunks, seed, epoch, step.copy(), in_reply, buffers,
+                     plan.copy(), parts))
+        return GradientReply(n=0, loss_sum=0.0, chunk_sq_norm_sum=0.0, n_chunks=n_chunks, weight=0.0,
+                             compute_time=0.0, grad=None, buffers=None)
+
+    none = np.zeros(0, dtype=np.int64)
+    cases = [  # (epoch, step, plan, bytes on the wire)
+        (0, [1.0, 0.0, -1.0, 1.0], [0, 64, 64], 60),  # no step owed, the layout kept
+        (3, [2.0, 41.0, 40.0, 0.5, 0.1 + 2**-40, float("nan")], [96, 160, 0], 60 + 3 * 8),  # lr, no momentum
+        (3, [2.0, 42.0, 41.0, 1.0, 0.1, 0.9, 1e-300, 0.0], [160, 224, 64, 7, 4, 8, 16, 2, 1, 3], 60 + 5 * 8 + 7 * 4),
+        (3, [2.0, 43.0, -1.0, 1.0], [224, 256, 64, 2**40, 4, 8, 16, 2, 1], 60 + 6 * 8),  # a seed past int32
+        (2**40, [2.0, 44.0, -1.0, 1.0], [0, 32, 0], REQUEST.size + 4 * 8 + 3 * 8),  # an epoch past int32: plain
+    ]
+    server = _server(compute)
+    channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=10)
+    try:
+        for epoch, step, plan, n_bytes in cases:
+            before = channel.sent
+            channel.send(none, 2, 0, None, epoch, step=np.array(step), plan=np.array(plan, dtype=np.int64))
+            channel.receive(time.monotonic() + 10)
+            assert channel.sent - before == n_bytes
+            weights, n_idx, n_ahead, n_chunks, seed, got_epoch, got_step, in_reply, buffers, got_plan, parts = seen[-1]
+            assert (weights, n_idx, n_ahead, n_chunks, seed, got_epoch, in_reply, buffers, parts) == (
+                None, 0, 0, 2, 0, epoch, False, None, None)
+            assert got_step.dtype == np.float64 and got_step.tobytes() == np.array(step).tobytes()
+            assert got_plan.dtype == np.int64 and got_plan.tolist() == plan
     finally:
         channel.close()
         server.close()
@@ -150,6 +191,16 @@ def test_sizes_are_checked_before_anything_is_allocated():
     with pytest.raises((EOFError, OSError)):
         channel.receive(time.monotonic() + 5)
     assert closed.wait(5)  # the worker dropped the channel (and with it, in a fit, the fit's state)
+    channel.close()
+
+    closed.clear()  # a packed all-reduce request for a trillion examples
+    server = ChannelServer("127.0.0.1", lambda *a: pytest.fail("computed a malformed request"), n_weights=5,
+                           on_start=lambda: None, max_indices=100, on_close=closed.set)
+    channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=5)
+    channel.sock.sendall(struct.pack("<q", UPDATE_TAG) + UPDATE.pack(1, 0, 0, 1, 0, 1, 10**9, 0, 0, -(10**9)))
+    with pytest.raises((EOFError, OSError)):
+        channel.receive(time.monotonic() + 5)
+    assert closed.wait(5)
     channel.close()
 
     closed.clear()  # running statistics of another size than the fit's: refused before reading them

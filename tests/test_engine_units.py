@@ -171,9 +171,12 @@ def test_a_batch_plan_names_the_examples_the_client_would_have_listed(n_blocks, 
     for k in range(2):
         held = np.flatnonzero(placement.holder == k).tolist()
         plan = BatchPlan(3, start, start + len(idx), placement.n_shards, placement.n_blocks,
-                         placement.block_size or 0, 16, 2,
-                         np.array([(g, 0, len(by_shard.get(g, ()))) for g in held], dtype=np.int64).reshape(-1, 3))
-        plan = BatchPlan.from_array(plan.to_array())
+                         placement.block_size or 0, 16, 2, np.array(held, dtype=np.int64))
+        plan = BatchPlan.from_array(plan.to_array(layout=False), BatchPlan.from_array(plan.to_array()).layout())
+        with pytest.raises(ValueError, match="no layout"):  # a member that never heard the layout refuses
+            BatchPlan.from_array(plan.to_array(layout=False))
+        with pytest.raises(ValueError, match="3 or at least 8"):
+            BatchPlan.from_array(plan.to_array()[:6])
         mine = set(np.flatnonzero(placement.owner == k).tolist())
 
         def block_of(indices, mine=mine):
@@ -183,7 +186,7 @@ def test_a_batch_plan_names_the_examples_the_client_would_have_listed(n_blocks, 
         got, counts = plan.indices(perm, block_of)
         expected = [by_shard[g] for g in held if g in by_shard]
         np.testing.assert_array_equal(got, np.concatenate(expected) if expected else idx[:0])
-        assert counts.tolist() == plan.shards[:, 2].tolist()
+        assert counts.tolist() == [len(by_shard.get(g, ())) for g in held]
         if placement.block_size:
             np.testing.assert_array_equal(plan.ahead(n, 1, perm), ahead[owner_of_ahead == k])
 

@@ -4,9 +4,9 @@ The examples of an update are a slice of one seeded permutation per data epoch
 (:func:`epoch_permutation`); they are cut by shards, each shard a run of data blocks
 (:func:`shard_of_blocks`), and each shard's dropout masks come from :func:`dropout_seed`.  The
 client draws batches from these (:mod:`adadamp.dampers.clock`, :mod:`adadamp.data.placement`);
-an all-reduce member computes its own shards' examples from a :class:`BatchPlan`, so a request
-carries a few integers per shard instead of every example index (a few hundred bytes whatever
-the batch).
+an all-reduce member computes its own shards' examples (and their dropout seeds) from a
+:class:`BatchPlan`, so a request carries three integers instead of every example index, and the
+placement only when it changed.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["BatchPlan", "dropout_seed", "epoch_permutation", "next_keys", "shard_of_blocks"]
+__all__ = ["BATCH_VALUES", "LAYOUT_VALUES", "BatchPlan", "dropout_seed", "epoch_permutation", "next_keys", "shard_of_blocks"]
 
 
 def epoch_permutation(seed: int, data_epoch: int, n: int) -> np.ndarray:
@@ -66,14 +66,23 @@ def dropout_seed(seed: int, n_updates: int, part: int) -> int:
     return (seed * 1_000_003 + n_updates * 7919 + part) % 2**63
 
 
+#: The values of a plan that change with every batch (:meth:`BatchPlan.to_array`): start, stop, ahead size.
+BATCH_VALUES = 3
+#: The layout's values before its shard ids: seed, shards, blocks, block size, ahead batches.
+LAYOUT_VALUES = 5
+
+
 @dataclasses.dataclass
 class BatchPlan:
     """An all-reduce member's part of one update, described rather than listed.
 
     The batch is ``epoch_permutation(seed, data_epoch, n)[start:stop]``; the member computes the
-    examples of its shards in the batch, one forward and backward pass per shard, and may load
-    the next ``ahead_batches`` batches of ``ahead_size`` examples of its shards meanwhile (lazy
-    Datasets).  On the wire it is one int64 vector (:meth:`to_array`).
+    examples of its shards in the batch, one forward and backward pass per shard (shard ``g``'s
+    dropout masks seeded by :func:`dropout_seed` of the update), and may load the next
+    ``ahead_batches`` batches of ``ahead_size`` examples of its shards meanwhile (lazy Datasets).
+    On the wire it is one int64 vector (:meth:`to_array`): the batch's three values, and the
+    :meth:`layout` (the seed, the placement and the member's shards) only when it changed since
+    the member last heard it, so a request costs the same few bytes whatever the batch and shards.
     """
 
     seed: int  #: the fit's seed (the permutation's)
@@ -84,22 +93,49 @@ class BatchPlan:
     block_size: int  #: examples per block; 0: blocks of their own sizes (a dask collection's partitions)
     ahead_size: int  #: the next batches' size (0: nothing to load ahead)
     ahead_batches: int  #: how many of them
-    #: int64 (k, 3): every shard the member holds, its dropout seed and its example count in this batch
-    shards: np.ndarray
+    shards: np.ndarray  #: int64: every shard the member holds
 
-    def to_array(self) -> np.ndarray:
-        """The plan as one int64 vector (8 header values, then 3 per shard)."""
-        head = [self.seed, self.start, self.stop, self.n_shards, self.n_blocks, self.block_size,
-                self.ahead_size, self.ahead_batches]
-        return np.concatenate([np.array(head, dtype=np.int64), np.asarray(self.shards, dtype=np.int64).ravel()])
+    def layout(self) -> tuple[int, ...]:
+        """What stays the same from batch to batch until the data is placed again."""
+        return (int(self.seed), int(self.n_shards), int(self.n_blocks), int(self.block_size),
+                int(self.ahead_batches), *np.asarray(self.shards, dtype=np.int64).tolist())
+
+    def to_array(self, layout: bool = True) -> np.ndarray:
+        """The plan as one int64 vector: start, stop and ahead size, then (``layout``) the :meth:`layout`.
+
+        Examples
+        --------
+        >>> plan = BatchPlan(7, 10, 26, 4, 8, 16, 16, 2, np.array([1, 3]))
+        >>> plan.to_array(layout=False).tolist()
+        [10, 26, 16]
+        >>> BatchPlan.from_array(plan.to_array(layout=False), plan.layout()) == plan
+        True
+        """
+        values = [self.start, self.stop, self.ahead_size, *(self.layout() if layout else ())]
+        return np.array(values, dtype=np.int64)
 
     @classmethod
-    def from_array(cls, values: np.ndarray) -> BatchPlan:
-        """The plan :meth:`to_array` wrote; ``ValueError`` on a vector that is not one."""
-        values = np.asarray(values, dtype=np.int64)
-        if len(values) < 8 or (len(values) - 8) % 3:
-            raise ValueError(f"a batch plan has 8 + 3 * k values, not {len(values)}")
-        return cls(*(int(v) for v in values[:8]), shards=values[8:].reshape(-1, 3))
+    def from_array(cls, values: np.ndarray, layout: tuple[int, ...] | None = None) -> BatchPlan:
+        """The plan :meth:`to_array` wrote; ``layout``: the one the member heard last, for a vector
+        without its own.  ``ValueError`` on a vector that is not a plan, or has no layout."""
+        values = np.asarray(values, dtype=np.int64).tolist()
+        if len(values) > BATCH_VALUES:
+            if len(values) < BATCH_VALUES + LAYOUT_VALUES:
+                raise ValueError(f"a batch plan has 3 or at least 8 values, not {len(values)}")
+            layout = tuple(values[BATCH_VALUES:])
+        elif len(values) < BATCH_VALUES or layout is None:
+            raise ValueError(f"a batch plan of {len(values)} values and no layout heard before")
+        seed, n_shards, n_blocks, block_size, ahead_batches = layout[:LAYOUT_VALUES]
+        start, stop, ahead_size = values[:BATCH_VALUES]
+        return cls(seed, start, stop, n_shards, n_blocks, block_size, ahead_size, ahead_batches,
+                   np.array(layout[LAYOUT_VALUES:], dtype=np.int64))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, BatchPlan) and self.to_array().tolist() == other.to_array().tolist()
+
+    def dropout_seeds(self, n_updates: int) -> np.ndarray:
+        """Each of the member's shards' dropout seed in update ``n_updates`` (as the client's :func:`dropout_seed`)."""
+        return np.array([dropout_seed(self.seed, n_updates, g) for g in self.shards.tolist()], dtype=np.int64)
 
     def indices(self, perm: np.ndarray, block_of) -> tuple[np.ndarray, np.ndarray]:
         """The member's examples in the batch, shard after shard (each in the batch's order), and
@@ -116,7 +152,7 @@ class BatchPlan:
         held = block >= 0
         shard = np.full(len(idx), -1, dtype=np.int64)
         shard[held] = shard_of_blocks(self.n_blocks, self.n_shards)[block[held]]
-        mine = [idx[shard == g] for g in self.shards[:, 0].tolist()]
+        mine = [idx[shard == g] for g in self.shards.tolist()]
         counts = np.array([len(m) for m in mine], dtype=np.int64)
         return (np.concatenate(mine) if mine else idx[:0]), counts
 
@@ -128,4 +164,4 @@ class BatchPlan:
         keys = next_keys(self.seed, n, epoch, position, self.ahead_size, self.ahead_batches,
                          perm if epoch == data_epoch else None)[:n]
         shard = shard_of_blocks(self.n_blocks, self.n_shards)[(keys % n) // self.block_size]
-        return keys[np.isin(shard, self.shards[:, 0])]
+        return keys[np.isin(shard, self.shards)]

@@ -47,7 +47,6 @@ from ..records import (
     StepVector,
     to_message,
 )
-from ..wire.batches import BatchPlan
 from ..wire.channel import IDLE_TIMEOUT, ChannelServer, tcp_host
 from ..wire.parameters import bind_parameters, examples_independent, flatten_parameters, float_buffers
 from ..wire.shm import attach, attach_data
@@ -350,12 +349,12 @@ def compute(
     plan=None, parts=None,
 ) -> GradientReply:
     """One request: an all-reduce replica's update (``plan``: its :class:`~adadamp.wire.batches.BatchPlan`
-    as a vector), else the share's gradient sum (``in_reply``: sent back in the reply even where
+    as a vector, the layout left out when it did not change), else the share's gradient sum (``in_reply``: sent back in the reply even where
     it would go to shared memory; ``buffers``: the running statistics the share starts from;
     ``parts``: the shards of a request that has several, see :func:`share_gradient`)."""
     ahead = np.zeros(0, dtype=np.int64) if ahead is None else np.asarray(ahead)
     if state.replica is not None:
-        return state.replica.update(BatchPlan.from_array(plan), n_chunks, epoch, np.asarray(step))
+        return state.replica.update(np.asarray(plan), n_chunks, epoch, np.asarray(step))
     buffers = None if buffers is None else np.asarray(buffers)
     parts = None if parts is None else np.asarray(parts)
     return share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead, in_reply, buffers, parts)

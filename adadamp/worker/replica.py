@@ -271,6 +271,7 @@ class Replica:
         self.applied = int(applied)
         self.pending: int | None = None
         self._perm, self._perm_key = None, None  # the data epoch's permutation, cached
+        self._layout: tuple[int, ...] | None = None  # the batch plans' layout the client sent last
         self.group = None
         self.generation: int | None = None
         self.rank, self.size = 0, 1
@@ -428,11 +429,12 @@ class Replica:
         self.applied, self.pending = update + 1, None
 
     # ------------------------------------------------------------------ one update
-    def update(self, plan: BatchPlan, n_chunks: int, epoch: int, step: np.ndarray) -> GradientReply:
+    def update(self, plan: np.ndarray, n_chunks: int, epoch: int, step: np.ndarray) -> GradientReply:
         """Take the pending step, compute the gradient sum of this member's shards and all-reduce the batch's.
 
-        ``plan`` names the batch (a slice of data epoch ``epoch``'s permutation) and this member's
-        shards; the member finds their examples itself.  Each shard is its own forward and backward
+        ``plan`` (:meth:`BatchPlan.to_array`) names the batch (a slice of data epoch ``epoch``'s
+        permutation) and, when they changed since the last request, this member's shards; the
+        member finds their examples and dropout seeds itself.  Each shard is its own forward and backward
         pass, starting from the update's running statistics, as on the parameter server: a shard's
         gradient, dropout masks and BatchNorm statistics do not depend on how many shards this
         member computes.
@@ -441,6 +443,8 @@ class Replica:
         with state.lock:
             state.last_used = time.monotonic()
             start = time.perf_counter()
+            plan = BatchPlan.from_array(plan, self._layout)
+            self._layout = plan.layout()  # kept first: the client sends it again after any failed request
             step = StepVector.decode(step)
             generation, update = step.generation, step.update
             if self.group is None or generation != self.generation:
@@ -449,7 +453,7 @@ class Replica:
             self.take_step(step)
             if self.applied != update:
                 raise RuntimeError(f"replica at update {self.applied} asked for update {update}")
-            indices, parts, ahead = self._examples_of(plan, epoch)
+            indices, parts, ahead = self._examples_of(plan, epoch, update)
             X, y = examples(state, indices, epoch, ahead)
             overlap = n_chunks <= 1 and self.size > 1  # chunk statistics need the local sum first
             before = flat_buffers(state.buffers) if state.buffers else None  # what a failed update leaves
@@ -487,17 +491,15 @@ class Replica:
                 digest=examples_digest(indices),  # this member's examples (the client adds them up)
             )
 
-    def _examples_of(self, plan: BatchPlan, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _examples_of(self, plan: BatchPlan, epoch: int, update: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The plan's examples of this member's shards (in shard order), one ``(dropout seed, count)``
-        row per shard with any, and the keys it may load ahead."""
+        row per shard with any (the seeds of update ``update``), and the keys it may load ahead.
+        The client checks that the members' counts add up to its batch."""
         n = self.state.data.n_total
         if self._perm_key != (plan.seed, epoch, n):
             self._perm, self._perm_key = epoch_permutation(plan.seed, epoch, n), (plan.seed, epoch, n)
         indices, counts = plan.indices(self._perm, self.state.data.block_of)
-        if not np.array_equal(counts, plan.shards[:, 2]):
-            raise RuntimeError(f"rank {self.rank} finds {counts.tolist()} examples in its shards "
-                               f"{plan.shards[:, 0].tolist()}, the client counted {plan.shards[:, 2].tolist()}")
-        parts = np.column_stack([plan.shards[:, 1], counts])[counts > 0]
+        parts = np.column_stack([plan.dropout_seeds(update), counts])[counts > 0]
         return indices, parts, plan.ahead(n, epoch, self._perm)
 
     def _shard_sums(

@@ -3,15 +3,17 @@
 Each update (the parameter server's steps 1-2 are the same: the damper names the batch size,
 the sampler draws the indices from the same seeded permutation, placement routes them):
 
-3. every member gets one small request: the update number, the indices of the shards it holds
-   (the batch is cut into the fit's fixed shards, as on the parameter server), and the step it
-   still owes (the learning rate and momentum per param group and the momentum-buffer scale of
-   the last update's plan, :mod:`adadamp.worker.replica`);
+3. every member gets one small request (under a hundred bytes: :func:`~adadamp.wire.channel.pack_update`):
+   the update number, the batch's place in the epoch's permutation (the member finds its examples
+   in the shards it holds, and their dropout seeds; the batch is cut into the fit's fixed shards,
+   as on the parameter server; the shards themselves are sent again only when the data is placed
+   again), and the step it still owes (the learning rate and momentum per param group and the
+   momentum-buffer scale of the last update's plan, :mod:`adadamp.worker.replica`);
 4. the members take that step, compute their shards' gradient sums (one forward and backward
    pass per shard, so dropout masks and BatchNorm statistics do not depend on how many workers
    share the batch), all-reduce them (in buckets during the last backward pass) with the example
    counts, the loss and the damper's statistics, and keep the batch's mean gradient pending;
-   each replies with a few scalars (under 200 bytes);
+   each replies with a few scalars (96 bytes);
 5. the client's damper plans the step from those statistics; the next request carries it.
 
 The client holds no weights during an epoch: its module is brought up to date (the pending step
@@ -74,7 +76,7 @@ from ...records import (
     ShareRequest,
     StepVector,
 )
-from ...wire.batches import BatchPlan, dropout_seed
+from ...wire.batches import BatchPlan
 from ...wire.optimizer_plan import apply_plan, group_settings
 from ...wire.parameters import flatten_parameters, float_buffers
 from ...wire.rpc import rpc_call
@@ -164,6 +166,7 @@ class AllReduce(Backend):
         self._aborted = False  # this round's generation was aborted for a late member (_abort)
         self._kept: dict[str, dict | None] = {}  # the group each worker's set-up offered (kept by an earlier fit)
         self._keep_seconds = float(dask.config.get(KEEP_GROUP, 60.0))
+        self._layouts: dict[str, tuple[int, ...]] = {}  # the batch plans' layout each member last heard
 
     # ------------------------------------------------------------------ set-up
     def _acquire(self, stack: contextlib.ExitStack) -> None:
@@ -195,6 +198,7 @@ class AllReduce(Backend):
             applied=self._payload_at,
         )
         self._set_up_at[worker] = self._payload_at
+        self._layouts.pop(worker, None)  # a fresh replica has heard no batch layout
         return request
 
     def _setup_reply(self, worker: str, reply: SetupReply) -> None:
@@ -362,9 +366,10 @@ class AllReduce(Backend):
         """One update's round on the replicas; returns the batch's totals, with the squared norm of
         its mean gradient.  A lost worker: the next generation recomputes the update.
 
-        Each member's request names the batch and the member's shards (a
-        :class:`~adadamp.wire.batches.BatchPlan`: a few integers per shard), not its examples: the
-        client sends a few hundred bytes per member whatever the batch."""
+        Each member's request names the batch (a :class:`~adadamp.wire.batches.BatchPlan`: its place
+        in the epoch's permutation), not its examples, and the member's shards only when the data
+        was placed again: the client sends under a hundred bytes per member whatever the batch
+        (:mod:`adadamp.wire.channel`)."""
 
         def one_round(_k: int) -> tuple[Totals | None, list[str]]:
             self._ensure_group()
@@ -372,23 +377,28 @@ class AllReduce(Backend):
             counts = dict.fromkeys(range(placement.n_shards), 0)
             counts.update({g: len(sub) for g, sub in placement.shards(batch.idx)})
             step = self._step_vector(lp.n_updates)
-            requests, examples = [], {}
+            requests, examples, layouts = [], {}, {}
             for k, w in enumerate(self.workers):
-                shards = [(g, dropout_seed(lp.seed, lp.n_updates, g), counts[g])
-                          for g in np.flatnonzero(placement.holder == k).tolist()]
-                examples[w] = sum(count for _, _, count in shards)
+                held = np.flatnonzero(placement.holder == k)
+                examples[w] = sum(counts[g] for g in held.tolist())
                 plan = BatchPlan(
                     lp.seed, batch.start, batch.start + len(batch.idx), placement.n_shards, placement.n_blocks,
-                    placement.block_size or 0, batch.size if batch.ahead is not None else 0, PREFETCH_BATCHES,
-                    np.array(shards, dtype=np.int64).reshape(-1, 3),
+                    placement.block_size or 0, batch.size if batch.ahead is not None else 0, PREFETCH_BATCHES, held,
                 )
-                requests.append(ShareRequest(w, 0, _NO_INDICES, batch.epoch, step=step, plan=plan.to_array()))
+                layouts[w] = plan.layout()
+                values = plan.to_array(layout=self._layouts.get(w) != layouts[w])  # the layout once per placement
+                requests.append(ShareRequest(w, 0, _NO_INDICES, batch.epoch, step=step, plan=values))
             totals, replied = Totals(), []
             t_sent = time.monotonic()
             replies, totals.send = self.transport.round(
                 requests, batch.n_chunks, None, on_reply=_collect(totals, replied, examples),
                 patient=self._patient(), expected=self._expected_round(len(batch.idx)), on_late=self._abort,
             )
+            for q, reply in zip(requests, replies):  # a member that did not answer hears the layout again
+                if isinstance(reply, BaseException):
+                    self._layouts.pop(q.worker, None)
+                else:
+                    self._layouts[q.worker] = layouts[q.worker]
             dead, failed = triage(self.members, [q.worker for q in requests], replies, collectives=True)
             if self._aborted and not dead:  # every member answered after all: slow, not hung
                 self._rounds.clear()  # the next rounds are held to this one's time
@@ -396,6 +406,9 @@ class AllReduce(Backend):
             self._aborted = False
             if not dead and not failed:
                 r = replied[0]  # every member holds the same all-reduced totals
+                if r.n != len(batch.idx):  # the members find their examples: they must find the client's batch
+                    raise RuntimeError(f"update {lp.n_updates}: the members found {r.n} examples of the batch's "
+                                       f"{len(batch.idx)} (shards {examples})")
                 totals.n, totals.weight, totals.loss_sum = r.n, r.weight, r.loss_sum
                 totals.chunk_sq_norm_sum, totals.n_chunks = r.chunk_sq_norm_sum, r.n_chunks
                 totals.grad_sq_norm = r.grad_sq_norm
