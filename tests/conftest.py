@@ -1,6 +1,7 @@
 """Shared fixtures: one real LocalCluster of worker processes for the session, the single-node
 SLURM of ``tests/slurm`` (``slurm``), the emulated hosts of ``tests/netbed`` (``netbed_ready``), and a check for processes a test left behind."""
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -20,8 +21,8 @@ BROWSER_INSTALL = Path(__file__).resolve().parent / "browser" / "install.sh"
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="session")
-def cluster():
+@contextlib.contextmanager
+def two_worker_cluster():
     """Two single-threaded worker processes; the dashboard serves adadamp's training page, as a
     user's cluster does once ``adadamp.dashboard`` is in ``distributed.scheduler.http.routes``."""
     routes = [*dask.config.get("distributed.scheduler.http.routes"), "adadamp.dashboard"]
@@ -35,6 +36,13 @@ def cluster():
             silence_logs=logging.ERROR,
         ) as cluster,
     ):
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The session's :func:`two_worker_cluster`."""
+    with two_worker_cluster() as cluster:
         yield cluster
 
 

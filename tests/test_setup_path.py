@@ -10,6 +10,8 @@ import dask
 import numpy as np
 import pytest
 import torch
+from conftest import two_worker_cluster
+from distributed import Client
 from torch import nn
 
 from adadamp import DaskClassifier
@@ -52,6 +54,14 @@ def _read(dask_scheduler=None, dask_worker=None) -> dict:
 def _mlp() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A cluster of this module's own: the counts would also see other tests' fits on the session
+    cluster, such as a kept all-reduce backend that releases (``set_metadata``) when its timer fires."""
+    with two_worker_cluster() as cluster, Client(cluster, set_as_default=False) as client, client.as_current():
+        yield client
 
 
 @pytest.fixture
