@@ -14,7 +14,8 @@ objects a fit trains are built in :mod:`adadamp.building` (with the checks that 
 the fit's seed and its resumption from a checkpoint file), epochs run in
 :func:`adadamp.engine.session.train`; the original adadamp's names (``meta_`` among them) are
 :mod:`adadamp.porting`'s.  Most of its lines are the numpydoc documentation of the
-parameters and methods, kept beside them as scikit-learn does.
+parameters and methods, kept beside them as scikit-learn does; one module because the two
+estimators share that documentation and one base class (its code is under 300 lines).
 """
 
 from __future__ import annotations

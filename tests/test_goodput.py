@@ -406,19 +406,15 @@ def test_grows_batch_and_workers_as_the_noise_scale_grows():
     assert est.score(X, y) > 0.75  # R^2; the label noise bounds it at about 0.89
 
 
-class Records(Callback):
-    """Keeps every update's record."""
-
-    def on_update_end(self, estimator, record=None, **info):
-        self.records_ = [*getattr(self, "records_", []), record]
+def _updates(est) -> list[dict]:
+    return [u for row in est.history_ for u in row["updates"]]
 
 
 def test_a_fit_cools_down_over_its_last_epochs_and_partial_fit_never(client, regression_data):
     X, y = regression_data
-    params = {"batch_size": Goodput, "batch_size__initial": 16, "batch_size__cooldown": 0.5, "max_epochs": 2, "random_state": 0, "client": client,
-              "callbacks": [("records", Records())]}
-    est = DaskRegressor(**params).fit(X, y)
-    records = dict(est.callbacks_)["records"].records_
+    params = {"batch_size": Goodput, "batch_size__initial": 16, "batch_size__cooldown": 0.5, "max_epochs": 2,
+              "random_state": 0, "client": client}
+    records = _updates(DaskRegressor(**params).fit(X, y))
     decay = [r["decay"] for r in records]
     seen = np.cumsum([0] + [r["batch_size"] for r in records])[:-1]  # examples before each update
     first = int(np.sum(seen < len(X)))  # the first epoch's updates: before the cool-down
@@ -426,4 +422,4 @@ def test_a_fit_cools_down_over_its_last_epochs_and_partial_fit_never(client, reg
     expected = [1 - (s / len(X) - 1) ** 0.5 for s in seen[first:]]  # 1 - sqrt(epoch - 1), a window of 1
     assert decay[first:] == pytest.approx(expected, rel=1e-9, abs=1e-12) and 0 < decay[-1] < 0.5
     est = DaskRegressor(**params).partial_fit(X, y).partial_fit(X, y)
-    assert {r["decay"] for r in dict(est.callbacks_)["records"].records_} == {1.0}
+    assert {r["decay"] for r in _updates(est)} == {1.0}

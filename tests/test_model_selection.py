@@ -149,12 +149,12 @@ def test_dask_ml_hyperband_search(client, digits):
     from dask_ml.model_selection import HyperbandSearchCV
 
     if Version(dask_ml.__version__) <= Version("2025.1.0") and Version(dask.__version__) >= Version("2025.3.0"):
-        pytest.skip(
-            reason=f"upstream issue: dask-ml {dask_ml.__version__}'s incremental searches (HyperbandSearchCV, "
+        pytest.skip(reason=(
+            f"upstream issue: dask-ml {dask_ml.__version__}'s incremental searches (HyperbandSearchCV, "
             f"IncrementalSearchCV) fail with dask {dask.__version__}: dask_ml/model_selection/_incremental.py "
             "calls dask.persist inside the client's event loop and raises 'RuntimeError: Attempting to use an "
             "asynchronous Client in a synchronous context of `dask.compute`' (dask/dask-ml#1016, open)"
-        )
+        ))
     X, y = digits
     search = HyperbandSearchCV(
         DaskClassifier(random_state=0),

@@ -259,6 +259,15 @@ def workers_per_update(est) -> list[int]:
     return [u["n_workers"] for row in est.history_ for u in row["updates"]]
 
 
+def after_loss(per_update: list[int]) -> list[int] | None:
+    """The workers per update from the first update on 1 worker after the fit first trained on 2
+    (the loss), to the end; None when no worker was lost after that."""
+    if 2 not in per_update or 1 not in per_update[per_update.index(2) :]:
+        return None
+    first_two = per_update.index(2)
+    return per_update[first_two + per_update[first_two:].index(1) :]
+
+
 class StopBackOnTwo(Callback):
     """Ends the fit at the end of an epoch once it trained on 2 workers, lost one, and trained
     ``updates`` updates on 2 again (a replacement job): the rest would prove nothing more."""
@@ -267,12 +276,9 @@ class StopBackOnTwo(Callback):
         self.updates = updates
 
     def on_epoch_end(self, estimator, history=None, **info):
-        per_update = [u["n_workers"] for row in history for u in row["updates"]]
-        if 2 in per_update and 1 in per_update[per_update.index(2) :]:
-            first_two = per_update.index(2)
-            after_loss = per_update[first_two + per_update[first_two:].index(1) :]
-            if after_loss.count(2) >= self.updates:
-                raise StopTraining("back on 2 workers after the loss")
+        after = after_loss([u["n_workers"] for row in history for u in row["updates"]])
+        if after is not None and after.count(2) >= self.updates:
+            raise StopTraining("back on 2 workers after the loss")
 
 
 def fit_in_thread(est, X, y):
@@ -551,8 +557,7 @@ def test_scancel_mid_fit_does_not_fail_the_fit(preempted_fit):
     assert 2 in per_update, per_update
     # Training went on after the cancelled job's worker was lost: some update after the
     # last two-worker stretch ran on one worker.
-    first_two = per_update.index(2)
-    assert 1 in per_update[first_two:], f"no update ran after the worker was lost: {_runs(per_update)}"
+    assert after_loss(per_update) is not None, f"no update ran after the worker was lost: {_runs(per_update)}"
     assert r["jobs"][r["victim"]] == "CANCELLED", r["jobs"]
     losses = [row["train_loss"] for row in est.history_]
     assert all(math.isfinite(v) for v in losses)
@@ -565,16 +570,15 @@ def test_cancelled_job_is_replaced(preempted_fit):
     if "error" in r or r["alive"]:
         pytest.fail("the preempted fit itself failed (see test_scancel_mid_fit_does_not_fail_the_fit)")
     per_update = workers_per_update(r["est"])
-    if 2 not in per_update or 1 not in per_update[per_update.index(2) :]:
+    after = after_loss(per_update)
+    if after is None:
         pytest.fail(f"the fit never lost a worker: {_runs(per_update)}")
-    first_two = per_update.index(2)
-    after_loss = per_update[first_two + per_update[first_two:].index(1) :]
     assert len(r["jobs"]) >= 3, (
         f"no replacement job was submitted after job {r['victim']} was cancelled "
         f"(jobs {r['jobs']}, workers per update {_runs(per_update)}): the fit trained on the "
         "remaining worker to the end"
     )
-    assert 2 in after_loss, f"the fit never got back to 2 workers: {_runs(per_update)}"
+    assert 2 in after, f"the fit never got back to 2 workers: {_runs(per_update)}"
 
 
 def test_workers_rotate_before_walltime(slurm, tmp_path, request):
