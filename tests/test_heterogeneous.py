@@ -71,6 +71,17 @@ def test_speeds_smooth_name_stragglers_and_say_when_to_move():
     assert s.rate["c"] == before * PROBE_GROWTH and s.rate["a"] == 300.0
 
 
+def test_a_workers_first_reply_of_the_fit_warms_up_and_is_not_measured():
+    s = Speeds()
+    s.observe_update(["a", "b"], {"a": [100, 3.0], "b": [100, 1.0]})  # a's first pass: allocations, caches
+    assert s.answered == {"a", "b"} and s.rate == {}
+    s.observe_update(["a", "b"], {"a": [100, 1.0], "b": [100, 1.0]})
+    assert s.rate == {"a": 100.0, "b": 100.0}
+    s.forget("a")  # lost; a worker at its address later warms up again
+    s.observe_update(["a", "b"], {"a": [100, 3.0], "b": [100, 1.0]})
+    assert "a" not in s.rate
+
+
 @pytest.mark.parametrize(("fixed", "per_example"), [(0.0, 1e-3), (0.05, 1e-5)])
 def test_the_share_model_learns_how_much_of_the_time_grows_with_the_share(fixed, per_example):
     """Compute-bound workers: the time grows with the share (elasticity 1) and the shares follow

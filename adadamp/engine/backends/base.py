@@ -342,7 +342,7 @@ class Backend(abc.ABC):
     def _patient(self) -> set[str]:
         """The workers that have not answered an update of this fit yet: only ``update_timeout``
         gives up on them (:meth:`Transport.round`)."""
-        return {w for w in self.workers if w not in self.speeds.seconds}
+        return {w for w in self.workers if w not in self.speeds.answered}
 
     def _follow_speeds(self) -> None:
         """With speed-based shares, place the shards again when the measured speeds say other
