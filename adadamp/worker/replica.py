@@ -50,7 +50,7 @@ from ..exceptions import CollectiveError
 from ..records import CommitReply, GradientReply, GroupReply, StepVector, examples_digest
 from ..wire.batches import BatchPlan, epoch_permutation
 from ..wire.optimizer_plan import apply_settings
-from ..wire.parameters import trainable
+from ..wire.parameters import squared_norm, trainable
 from . import groups
 from .gradient import examples, flat_buffers, set_buffers, shards_sum
 from .state import FitState
@@ -476,7 +476,7 @@ class Replica:
                 set_buffers(state.buffers, running / max(n_total, 1.0))
             with np.errstate(invalid="ignore", over="ignore"):
                 state.grads.mul_(1.0 / weight_total if weight_total else 0.0)
-            sq_norm = float(torch.linalg.vector_norm(state.grads, dtype=torch.float64) ** 2)
+            sq_norm = squared_norm(state.grads)
             self.pending = update
             return GradientReply(
                 n=int(n_total),
