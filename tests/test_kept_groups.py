@@ -209,3 +209,26 @@ def test_the_handshake_tells_two_fits_on_one_kept_group_apart(same_fit):
         assert errors == [None, None]
     else:
         assert all(e is not None and "taken by another fit" in str(e) for e in errors), errors
+
+
+def test_a_dropped_group_is_destroyed_off_the_path_that_forms_the_next():
+    """Destroying a gloo group closes its sockets to every peer (tens of ms): a member dropping the
+    kept group, or the last generation's, must not make the group forming now wait for that."""
+    from adadamp.worker import groups
+
+    destroyed = threading.Event()
+    where = []
+
+    class Group:  # stands for the gloo group: records the thread its last reference went on
+        def __del__(self):
+            where.append(threading.current_thread().name)
+            destroyed.set()
+
+    groups.keep(groups.KeptGroup("fit/1", Group(), object(), ("a", "b"), 0, 60.0), 60.0)
+    groups.drop()
+    assert destroyed.wait(5.0) and where == ["adadamp-release-group"]
+    destroyed.clear()
+    groups.keep(groups.KeptGroup("fit/2", Group(), object(), ("a", "b"), 0, 60.0), 60.0)
+    groups.keep(groups.KeptGroup("fit/3", object(), object(), ("a", "b"), 0, 60.0), 60.0)  # replaces fit/2
+    assert destroyed.wait(5.0) and where[-1] == "adadamp-release-group"
+    groups.drop()

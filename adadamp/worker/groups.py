@@ -51,6 +51,25 @@ _LOCK = threading.Lock()
 _KEPT: KeptGroup | None = None
 
 
+def release(held: list) -> None:
+    """Clear ``held`` (the only references to a group and its store) on a thread of its own.
+
+    Destroying a gloo group closes its connections to every peer (measured on 2 cores: 20-76 ms
+    for a group of 8, 8 ms for 2), which a group forming on this worker, and its peers waiting in
+    the rendezvous, would otherwise wait for: a warm fit's every generation formed in 60-80 ms
+    instead of 2-23 ms.
+    """
+    if any(h is not None for h in held):
+        threading.Thread(target=held.clear, name="adadamp-release-group", daemon=True).start()
+
+
+def _release(kept: KeptGroup | None) -> None:
+    if kept is not None:
+        held = [kept.group, kept.store]
+        kept.group = kept.store = None
+        release(held)
+
+
 def keep(kept: KeptGroup, seconds: float, loop=None) -> None:
     """Keep ``kept`` for ``seconds``, dropping any group kept before.  ``loop``: the worker's event
     loop (Tornado's ``IOLoop``), which drops it then; without one (tests), it is dropped when a
@@ -58,7 +77,8 @@ def keep(kept: KeptGroup, seconds: float, loop=None) -> None:
     global _KEPT
     kept.expires = time.monotonic() + seconds
     with _LOCK:
-        _KEPT = kept
+        before, _KEPT = _KEPT, kept
+    _release(before if before is not kept else None)
     if loop is not None:  # add_callback is the loop's thread-safe entry (this runs on a compute thread)
         loop.add_callback(lambda: loop.call_later(seconds, _expire, kept.key))
 
@@ -87,12 +107,14 @@ def drop() -> None:
     """Drop the kept group (this worker joins another group, or tests)."""
     global _KEPT
     with _LOCK:
-        _KEPT = None
+        kept, _KEPT = _KEPT, None
+    _release(kept)
 
 
 def _drop_expired() -> None:
     global _KEPT
     if _KEPT is not None and time.monotonic() >= _KEPT.expires:
+        _release(_KEPT)
         _KEPT = None
 
 
@@ -101,5 +123,6 @@ def _expire(key: str) -> None:
     with _LOCK:
         if _KEPT is None or _KEPT.key != key:
             return
-        _KEPT = None
+        kept, _KEPT = _KEPT, None
+    _release(kept)
     logger.info("dropped the all-reduce group kept since the last fit (no fit took it)")

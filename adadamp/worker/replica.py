@@ -66,6 +66,10 @@ ABORT_POLL = 0.2
 #: The store key that marks a generation given up (by a member whose collective failed, or by the
 #: client when a member is lost while the group forms).
 ABORT = "abort"
+#: The longest pause between two looks at the rendezvous for a peer's keys.  Members reach the
+#: rendezvous up to tens of milliseconds apart (a busy core); looks double from 1 ms up to this, so
+#: a peer's keys are seen at most this late.  Each look is one small scheduler call.
+RENDEZVOUS_POLL = 0.01
 _FAILED_GROUPS: list = []  # groups left after a failure (never destroyed: their threads may still wait)
 
 #: The most a replica's state can hold: its weights and running statistics, and per parameter at
@@ -113,6 +117,7 @@ class SchedulerStore(dist.Store):
     def __init__(self, worker: Worker, keys: tuple[str, ...], timeout: float):
         super().__init__()
         self._worker, self._keys, self._timeout = worker, list(keys), timeout
+        self._seen: dict = {}  # the entries read so far: a generation's keys are written once
 
     def _call(self, op: str, **kwargs):
         try:
@@ -122,7 +127,9 @@ class SchedulerStore(dist.Store):
             raise dist.DistStoreError(f"rendezvous {'/'.join(self._keys)}: {op} failed: {err!r}") from err
 
     def _entries(self) -> dict:
-        return self._call("get_metadata", keys=self._keys, default=None) or {}
+        entries = self._call("get_metadata", keys=self._keys, default=None) or {}
+        self._seen.update(entries)
+        return entries
 
     def set(self, key: str, value) -> None:
         self._call("set_metadata", keys=[*self._keys, key], value=bytes(value))
@@ -138,6 +145,8 @@ class SchedulerStore(dist.Store):
         self._wait_for(keys, None if timeout is None else timeout.total_seconds())
 
     def _wait_for(self, keys: list[str], timeout: float | None = None) -> dict:
+        if all(k in self._seen for k in keys):  # gloo asks for each peer's address in turn: one look for all
+            return self._seen
         start = time.monotonic()
         deadline = start + (self._timeout if timeout is None else timeout)
         delay = 0.001
@@ -151,7 +160,7 @@ class SchedulerStore(dist.Store):
                 missing = [k for k in keys if k not in entries]
                 raise dist.DistStoreError(f"rendezvous {'/'.join(self._keys)}: no {missing} in {deadline - start:.0f} s")
             time.sleep(delay)
-            delay = min(2 * delay, 0.05)
+            delay = min(2 * delay, RENDEZVOUS_POLL)
 
 
 def gloo_group(store: dist.Store, rank: int, size: int, host: str, timeout: datetime.timedelta):
@@ -301,7 +310,10 @@ class Replica:
     def _join(self, generation, rank, size, step, restore, members, reuse, broadcast) -> GroupReply:
         start = time.perf_counter()
         self.take_step(step, strict=False)  # a joiner owes nothing: it takes rank 0's state below
-        self.group, self._keep = None, 0.0  # the last generation's group: its peers may be gone
+        self._keep = 0.0
+        held = [self.group, self._group_store]  # the last generation's group: its peers may be gone
+        self.group = self._group_store = self.buckets.group = None
+        groups.release(held)
         try:
             store = self._prefix = SchedulerStore(self.worker, (self.fit_id, str(generation)),
                                                   self.timeout.total_seconds())
@@ -597,11 +609,17 @@ class Replica:
         self.buckets.close()
         idle = self.state.lock.acquire(blocking=False)  # not while an update runs (a client gone mid-update)
         try:
-            group, self.group = self.group, None
-            if idle and group is not None and self._keep > 0 and self.backend == "gloo" and self._members:
-                groups.keep(groups.KeptGroup(f"{self.fit_id}/{self.generation}", group, self._group_store,
+            if idle and self.group is not None and self._keep > 0 and self.backend == "gloo" and self._members:
+                groups.keep(groups.KeptGroup(f"{self.fit_id}/{self.generation}", self.group, self._group_store,
                                              self._members, self.rank, self.timeout.total_seconds()), self._keep,
                             loop=None if self.worker is None else self.worker.loop)
+                self.group = self._group_store = None
+            elif idle:  # not kept: let it go off the fit's release
+                held = [self.group, self._group_store]
+                self.group = self._group_store = None
+                groups.release(held)
+            else:
+                self.group = None
         finally:
             if idle:
                 self.state.lock.release()

@@ -167,6 +167,19 @@ def weights(est) -> np.ndarray:
     return torch.cat(parts).numpy()
 
 
+def update_digests(est) -> list:
+    """Each update's ``weights_digest`` (None where digests were off)."""
+    return [u.get("weights_digest") for row in est.history_ for u in row["updates"]]
+
+
+def first_difference(disturbed: list, calm: list) -> str:
+    """Where two fits' update digests first differ, to say which update a mismatch started at."""
+    if all(d is None for d in disturbed + calm):
+        return "no update digests (the all-reduce backend's client holds no weights between syncs)"
+    k = next((i for i, (a, b) in enumerate(zip(disturbed, calm)) if a != b), None)
+    return "no update digest differs" if k is None else f"update {k} is the first whose weights differ"
+
+
 def n_parameters(est) -> int:
     """How many of :func:`weights` are parameters (the rest are buffers)."""
     return sum(p.numel() for p in est.module_.parameters())
@@ -308,6 +321,7 @@ class Result:
     kills: int  # the workers killed (0: the moment was missed, e.g. a timer after the fit's end)
     detail: str  # when exactly (the draw), to reproduce a trial
     n_parameters: int  # weights[:n_parameters] are the parameters, the rest float buffers
+    digests: list  # each update's weights digest (with dask config ``adadamp.debug.digests``; else None each)
 
 
 def trial(
@@ -360,7 +374,7 @@ def trial(
             client.wait_for_workers(n, timeout=15)
     time.sleep(0.5)
     workers = [u["n_workers"] for row in est.history_ for u in row["updates"]]
-    return Result(weights(est), workers, len(KILLS), detail, n_parameters(est))
+    return Result(weights(est), workers, len(KILLS), detail, n_parameters(est), update_digests(est))
 
 
 @dataclasses.dataclass
