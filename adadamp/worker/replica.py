@@ -48,7 +48,7 @@ from distributed.utils import sync
 
 from ..exceptions import CollectiveError
 from ..records import CommitReply, GradientReply, GroupReply, StepVector, examples_digest
-from ..wire.batches import BatchPlan, epoch_permutation
+from ..wire.batches import BATCH_VALUES, BatchPlan, epoch_permutation
 from ..wire.optimizer_plan import apply_settings
 from ..wire.parameters import squared_norm, trainable
 from . import groups
@@ -455,8 +455,10 @@ class Replica:
         with state.lock:
             state.last_used = time.monotonic()
             start = time.perf_counter()
+            sent_layout = len(plan) > BATCH_VALUES
             plan = BatchPlan.from_array(plan, self._layout)
-            self._layout = plan.layout()  # kept first: the client sends it again after any failed request
+            if sent_layout:  # kept first: the client sends it again after any failed request
+                self._layout = plan.layout()
             step = StepVector.decode(step)
             generation, update = step.generation, step.update
             if self.group is None or generation != self.generation:
@@ -609,17 +611,15 @@ class Replica:
         self.buckets.close()
         idle = self.state.lock.acquire(blocking=False)  # not while an update runs (a client gone mid-update)
         try:
-            if idle and self.group is not None and self._keep > 0 and self.backend == "gloo" and self._members:
-                groups.keep(groups.KeptGroup(f"{self.fit_id}/{self.generation}", self.group, self._group_store,
-                                             self._members, self.rank, self.timeout.total_seconds()), self._keep,
-                            loop=None if self.worker is None else self.worker.loop)
-                self.group = self._group_store = None
-            elif idle:  # not kept: let it go off the fit's release
-                held = [self.group, self._group_store]
-                self.group = self._group_store = None
-                groups.release(held)
-            else:
-                self.group = None
+            held, self.group = [self.group, self._group_store], None
+            if idle:
+                self._group_store = None
+                if held[0] is not None and self._keep > 0 and self.backend == "gloo" and self._members:
+                    groups.keep(groups.KeptGroup(f"{self.fit_id}/{self.generation}", *held, self._members, self.rank,
+                                                 self.timeout.total_seconds()), self._keep,
+                                loop=None if self.worker is None else self.worker.loop)
+                else:  # not kept: let it go off the fit's release
+                    groups.release(held)
         finally:
             if idle:
                 self.state.lock.release()
