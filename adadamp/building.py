@@ -115,9 +115,12 @@ def check_output_shape(
     """A forward pass on two examples on the client, so a misfit module fails here, clearly.
 
     ``expected``: the output shape the criterion needs for ``y[:2]`` (None: any shape it takes).
+    The pass is seeded (a training-mode dropout draws): it holds the generator lock, so another
+    fit's thread drawing its initial weights meanwhile gets the same weights, and the caller's
+    random stream is left where it was.
     """
     try:
-        with torch.no_grad():
+        with torch.no_grad(), seeded(0):
             out = module(torch.tensor(X[:2]))
     except Exception as err:
         keys = sorted(routed(params, "module")) or ["..."]

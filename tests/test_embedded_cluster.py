@@ -27,7 +27,7 @@ from adadamp.dampers import GeoDamp
 
 
 class DropoutNet(nn.Module):
-    """Dropout masks depend on each worker's rank: a different worker count changes the weights."""
+    """Dropout draws random numbers on the client (the output check) and the workers (each update)."""
 
     def __init__(self, n_features: int = 8, hidden: int = 16):
         super().__init__()

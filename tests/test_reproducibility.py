@@ -108,6 +108,34 @@ def test_module_weights_do_not_depend_on_other_threads_seeding():
     assert all(torch.equal(built[0], w) for w in built[1:])
 
 
+def test_the_output_shape_check_neither_disturbs_nor_moves_torchs_generator():
+    """Two fits on threads (a threaded search): one checks its module's output on two examples (a
+    dropout forward pass) while the other draws its initial weights; the check must not move the
+    other's draws, nor the caller's random stream."""
+    module, criterion = DropoutNet(), nn.MSELoss()
+    X, y = np.ones((2, 8), np.float32), np.ones((2, 1), np.float32)
+    torch.default_generator.manual_seed(0)
+    before = torch.default_generator.get_state()
+    building.check_output_shape(module, criterion, X, y, (2, 1), {})
+    assert torch.equal(before, torch.default_generator.get_state())
+    stop = threading.Event()
+
+    def checks_of_another_fit():
+        while not stop.is_set():
+            building.check_output_shape(module, criterion, X, y, (2, 1), {})
+
+    params = DaskRegressor(**PARAMS).get_params(deep=False)
+    thread = threading.Thread(target=checks_of_another_fit, daemon=True)
+    thread.start()
+    try:
+        built = [torch.cat([p.detach().reshape(-1) for p in building.build_module(params, 8, 1, 123).parameters()])
+                 for _ in range(200)]
+    finally:
+        stop.set()
+        thread.join()
+    assert all(torch.equal(built[0], w) for w in built[1:])
+
+
 def _free_ports(n: int) -> list[int]:
     """``n`` free TCP ports with the same number of digits, ascending (so address order = port order)."""
     ports: set[int] = set()
