@@ -261,6 +261,54 @@ def test_a_joining_worker_gets_the_state_and_the_result_is_the_same(data):
     np.testing.assert_allclose(_weights(est), _weights(calm), rtol=1e-5, atol=1e-6)
 
 
+def _log_data_moves_and_groups(dask_worker, hold=0.0):
+    """Log on this worker, in order, when a data move or a group request arrives and when it
+    ends; each data move first waits ``hold`` seconds (without blocking the worker)."""
+    import asyncio
+    import functools
+
+    events = []
+    for op in ("adadamp_data", "adadamp_group"):
+        handler = dask_worker.handlers[op]
+
+        @functools.wraps(handler)  # Dask reads the handler's signature
+        async def logged(*args, _op=op, _handler=handler, **kwargs):
+            events.append(f"{_op} in")
+            if _op == "adadamp_data":
+                await asyncio.sleep(hold)
+            try:
+                return await _handler(*args, **kwargs)
+            finally:
+                events.append(f"{_op} out")
+
+        dask_worker.handlers[op] = logged
+    dask_worker.adadamp_test_events = events
+
+
+def test_a_joiners_group_forms_while_its_data_is_placed(data):
+    """Growing from one worker to two, the client asks for the new group while the joiner takes its
+    blocks (a data move held 0.5 s here): the group request reaches the joiner before its data move
+    ends, instead of one round after the other."""
+    X, y = data
+    damper = GeoDamp(initial=32, delay=1, factor=2, max_batch_size=64)
+    params = {"grads_per_worker": 32, "max_workers": 2, "scale_cluster": False, "random_state": 0, "backend": AR}
+    with _cluster(2) as cluster, Client(cluster) as client:
+        calm = DaskClassifier(batch_size=damper, max_epochs=2, client=client, **params).fit(X, y)  # plugin in place
+        client.run(_log_data_moves_and_groups, hold=0.5)
+        grown = DaskClassifier(batch_size=damper, max_epochs=2, client=client, **params).fit(X, y)
+        events = client.run(lambda dask_worker: list(dask_worker.adadamp_test_events))
+    assert [row["n_workers"] for row in grown.history_] == [1, 2]
+    overlapped = []
+    for worker, log in events.items():
+        moving = 0
+        for event in log:
+            moving += {"adadamp_data in": 1, "adadamp_data out": -1}.get(event, 0)
+            if event == "adadamp_group in" and moving:
+                overlapped.append(worker)
+    assert overlapped, events
+    np.testing.assert_array_equal(_weights(grown), _weights(calm))
+
+
 def test_cluster_grows_with_geodamp_and_shrinks(data):
     X, y = data
     X, y = np.tile(X, (4, 1)), np.tile(y, 4)

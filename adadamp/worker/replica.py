@@ -241,12 +241,15 @@ class Buckets:
     def disarm(self) -> None:
         self._armed, self._works = False, []
 
+    def flush(self) -> None:
+        """Launch the buckets the backward pass did not fill (unused parameters, an empty share), in order."""
+        while self._next < len(self.ranges):
+            self._launch()
+
     def finish(self, wait) -> None:
-        """Launch the buckets the backward pass did not fill (unused parameters, an empty
-        share), in order, and ``wait(work)`` for all."""
+        """Launch what :meth:`flush` would, and ``wait(work)`` for every bucket."""
         try:
-            while self._next < len(self.ranges):
-                self._launch()
+            self.flush()
             for work in self._works:
                 wait(work)
         finally:
@@ -532,16 +535,21 @@ class Replica:
         """All-reduce the gradient (what the buckets did not yet), the scalars and the running
         statistics weighted by the shards' examples; returns the last two, summed."""
         state, device = self.state, self._comm_device()
+        works = []
         if overlap:
-            self.buckets.finish(self._wait)
+            self.buckets.flush()
         elif self.size > 1:
-            self._wait(self.group.allreduce([state.grads]))
+            works.append(self.group.allreduce([state.grads]))
+        # launched behind the gradient's last buckets, not after them: one collective's latency
+        # less per update (every member launches in the same order, so the sums are the same)
         totals = torch.tensor(scalars, dtype=torch.float64, device=device)
-        works = [self.group.allreduce([totals])]
+        works.append(self.group.allreduce([totals]))
         if running is not None:
             running = running.to(device)
             works.append(self.group.allreduce([running]))
-        for work in works:
+        if overlap:
+            self.buckets.finish(self._wait)
+        for work in works:  # (a failure above spends the group: what is still in flight goes with it)
             self._wait(work)
         return totals, running
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import copy
 import dataclasses
@@ -146,6 +147,17 @@ class RolledBack(Exception):
     """No replica was left: the epoch continues from the client's committed state."""
 
 
+@dataclasses.dataclass
+class _Forming:
+    """A generation being formed: its workers, their rank order, the calls and when they went."""
+
+    workers: list[str]
+    order: list[str]
+    calls: list
+    reuse: str | None
+    t0: float
+
+
 class AllReduce(Backend):
     """Trains ``module`` on replicas held by the workers of ``client`` (see the module docstring).
 
@@ -218,6 +230,11 @@ class AllReduce(Backend):
         if self._group == self.workers:
             return True, []
         workers = list(self.workers)
+        forming = self._group_calls(workers)
+        return self._group_formed(forming, self.client.sync(self._form, forming.calls, self.transport.timeout))
+
+    def _group_calls(self, workers: list[str]) -> _Forming:
+        """The next generation of ``workers``: its rank order and ``adadamp_group`` calls."""
         current = [w for w in workers if w in self._current]
         restore = None
         if not current:
@@ -234,26 +251,50 @@ class AllReduce(Backend):
             self._set_up_at.get(w) != self.loop.n_updates for w in order)
         self.generation += 1
         step = self._step_vector(-1)
-        t0 = time.perf_counter()
         calls = [
             rpc_call(w, "adadamp_group", GroupRequest(self.fit_id, self.generation, rank, len(order), step,
                                                       restore if rank == 0 else None, tuple(order), reuse, broadcast),
                      serialized=("step",))
             for rank, w in enumerate(order)
         ]
-        replies = self.client.sync(self._form, calls, self.transport.timeout)
+        return _Forming(workers, order, calls, reuse, time.perf_counter())
+
+    def _group_formed(self, forming: _Forming, replies: list) -> tuple[bool | None, list[str]]:
+        """Take the ``adadamp_group`` replies: the group is formed, or None and the workers lost
+        (those that failed are no longer current)."""
+        order = forming.order
         dead, broken = triage(self.members, order, replies, collectives=True)  # the hung left out, as in an update
         if not dead and not broken:
-            self._group, self._current, self._step_owed = workers, set(workers), None
+            self._group, self._current, self._step_owed = forming.workers, set(forming.workers), None
             logger.info("all-reduce group %d %s: %d workers in %.3f s", self.generation,
-                        "formed" if reuse is None else "taken over from an earlier fit", len(order),
-                        time.perf_counter() - t0)
+                        "formed" if forming.reuse is None else "taken over from an earlier fit", len(order),
+                        time.perf_counter() - forming.t0)
             return True, []
         lost = [order[k] for k in sorted(dead + broken)]
         self._current -= set(lost)
         logger.warning("workers %s lost or failed while forming all-reduce group %d; forming another", lost,
                        self.generation)
         return None, [order[k] for k in dead]
+
+    def _place(self, new_workers: list[str]) -> dict[str, BaseException]:
+        """Place the data on ``new_workers`` while their group forms (workers joining or leaving a
+        running group): the two rounds overlap instead of following each other, which roughly
+        halves what a growth step adds to its update.  A worker lost while forming counts as lost
+        while placing; a group formed with a worker the placement lost is formed again."""
+        if not self.workers or self._group == new_workers or not self._current.intersection(new_workers):
+            return super()._place(new_workers)  # the first placement, the same group, or none to take over
+        forming = self._group_calls(list(new_workers))
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="adadamp-group") as pool:
+            sent = pool.submit(self.client.sync, self._form, forming.calls, self.transport.timeout)
+            try:
+                failed = super()._place(new_workers)
+            finally:
+                replies = sent.result()
+        _, lost = self._group_formed(forming, replies)
+        failed.update({w: replies[forming.order.index(w)] for w in lost if w not in failed})
+        if failed:
+            self._group = None
+        return failed
 
     def _reusable(self, order: list[str]) -> str | None:
         """The key of the group an earlier fit left on the workers, if every member of ``order``
