@@ -212,3 +212,25 @@ def test_the_rpc_messages_cross_as_themselves():
     step = np.array([2.0, 7.0, -1.0, 1.0])
     _, op, kwargs = rpc_call("tcp://w:1", "adadamp_commit", CommitRequest("fit", step), serialized=("step",))
     assert op == "adadamp_commit" and np.array_equal(CommitRequest(**loads(dumps(kwargs))).step, step)
+
+
+def test_a_share_is_gathered_in_its_indices_order_however_its_blocks_are_held():
+    """A worker may hold a shard's blocks as several segments (Dask partitions it borrows, blocks
+    the client sent it after a loss): the share's rows come in the indices' order all the same, so
+    the gradient sums in the same order whichever worker computes it."""
+    import torch
+
+    from adadamp.records import Block
+    from adadamp.worker.resident import ResidentData
+
+    X, y = np.arange(24, dtype=np.float32).reshape(12, 2), np.arange(12)
+    blocks = [Block(b, np.arange(4 * b, 4 * b + 4), X[4 * b : 4 * b + 4], y[4 * b : 4 * b + 4]) for b in range(3)]
+    borrowed, mixed = ResidentData(12, torch.device("cpu")), ResidentData(12, torch.device("cpu"))
+    borrowed.update(blocks, [], borrowed=True)
+    mixed.update(blocks[2:], [])  # sent by the client after a worker was lost: owned
+    mixed.update(blocks[:2], [], borrowed=True)
+    indices = np.array([9, 1, 6, 10, 0, 5])
+    for data in (borrowed, mixed):
+        Xs, ys = data.gather(indices)
+        assert ys.tolist() == indices.tolist()
+        np.testing.assert_array_equal(Xs.numpy(), X[indices])

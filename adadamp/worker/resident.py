@@ -38,7 +38,7 @@ class ResidentData:
     >>> data.update([Block(1, np.arange(3, 6), np.ones((3, 2), np.float32), np.arange(3, 6))], [], borrowed=True)
     >>> X, y = data.gather(np.array([4, 1]))
     >>> X[:, 0].tolist(), y.tolist(), sorted(data.block_index)
-    ([0.0, 1.0], [1, 4], [0, 1])
+    ([1.0, 0.0], [4, 1], [0, 1])
     """
 
     def __init__(self, n_total: int, device: torch.device):
@@ -146,8 +146,11 @@ class ResidentData:
         return np.where(inside, self._block_ids[np.maximum(pos, 0)], -1)
 
     def gather(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """The inputs and targets of ``indices`` on the device (in the indices' order when they are
-        in one segment, else segment by segment)."""
+        """The inputs and targets of ``indices`` on the device, in the indices' order.
+
+        Several segments (borrowed partitions, owned blocks): one ``index_select`` per segment, then
+        the rows put back in the indices' order, so a share's gradient sums in the same order on
+        any worker, however that worker came to hold the blocks."""
         indices = np.asarray(indices, dtype=np.int64)
         pos = np.searchsorted(self._starts, indices, side="right") - 1  # the block each one falls in
         absent = pos < 0
@@ -167,8 +170,6 @@ class ResidentData:
             _, _, X_dev, y_dev = self._segments[int(segments[0])]
             rows_t = torch.from_numpy(rows).to(self.device)
             return X_dev.index_select(0, rows_t), y_dev.index_select(0, rows_t)
-        # Several segments: one index_select per segment, the share in segment order (a fixed order
-        # for the same placement; only the float summation order differs from the indices' order).
         order = np.argsort(segments, kind="stable")
         by_segment = segments[order]
         cuts = [0, *(np.flatnonzero(by_segment[1:] != by_segment[:-1]) + 1).tolist(), len(order)]
@@ -178,4 +179,5 @@ class ResidentData:
             _, _, X_dev, y_dev = self._segments[int(by_segment[a])]
             parts_X.append(X_dev.index_select(0, rows_t[a:b]))
             parts_y.append(y_dev.index_select(0, rows_t[a:b]))
-        return torch.cat(parts_X), torch.cat(parts_y)
+        back = torch.from_numpy(np.argsort(order, kind="stable")).to(self.device)  # segment order -> indices' order
+        return torch.cat(parts_X).index_select(0, back), torch.cat(parts_y).index_select(0, back)
