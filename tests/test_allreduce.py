@@ -298,12 +298,13 @@ def test_a_joiners_group_forms_while_its_data_is_placed(data):
         grown = DaskClassifier(batch_size=damper, max_epochs=2, client=client, **params).fit(X, y)
         events = client.run(lambda dask_worker: list(dask_worker.adadamp_test_events))
     assert [row["n_workers"] for row in grown.history_] == [1, 2]
-    overlapped = []
+    overlapped = []  # the workers on which a data move and a group request were in flight at once
     for worker, log in events.items():
-        moving = 0
+        open_ = {"adadamp_data": 0, "adadamp_group": 0}
         for event in log:
-            moving += {"adadamp_data in": 1, "adadamp_data out": -1}.get(event, 0)
-            if event == "adadamp_group in" and moving:
+            op, _, edge = event.partition(" ")
+            open_[op] += 1 if edge == "in" else -1
+            if all(open_.values()):
                 overlapped.append(worker)
     assert overlapped, events
     np.testing.assert_array_equal(_weights(grown), _weights(calm))
