@@ -192,8 +192,8 @@ class Block:
 
     block: int  # the placement's number: blocks are dropped by it
     indices: np.ndarray  # the examples' global indices (consecutive): requests name examples by them
-    X: np.ndarray | None = None  # None, with y: the worker reads the examples from the client's shared memory
-    y: np.ndarray | None = None
+    X: np.ndarray
+    y: np.ndarray
 
 
 @dataclass

@@ -287,12 +287,13 @@ def _log_data_moves_and_groups(dask_worker, hold=0.0):
 
 def test_a_joiners_group_forms_while_its_data_is_placed(data):
     """Growing from one worker to two, the client asks for the new group while the joiner takes its
-    blocks (a data move held 0.5 s here): the group request reaches the joiner before its data move
-    ends, instead of one round after the other."""
+    blocks (a data move held 0.5 s here): a data move and the group request are in flight at once,
+    instead of one round after the other.  Shared memory off: workers of other hosts take blocks
+    (those that map the client's data take none)."""
     X, y = data
     damper = GeoDamp(initial=32, delay=1, factor=2, max_batch_size=64)
     params = {"grads_per_worker": 32, "max_workers": 2, "scale_cluster": False, "random_state": 0, "backend": AR}
-    with _cluster(2) as cluster, Client(cluster) as client:
+    with dask.config.set({"adadamp.shm-dir": ""}), _cluster(2) as cluster, Client(cluster) as client:
         calm = DaskClassifier(batch_size=damper, max_epochs=2, client=client, **params).fit(X, y)  # plugin in place
         client.run(_log_data_moves_and_groups, hold=0.5)
         grown = DaskClassifier(batch_size=damper, max_epochs=2, client=client, **params).fit(X, y)

@@ -86,26 +86,31 @@ def test_seeded_draws_repeat_and_leave_the_callers_random_state(monkeypatch):
 def test_module_weights_do_not_depend_on_other_threads_seeding():
     """A fit's client inside a worker task builds its module while the same process computes
     another fit's gradients (seeding dropout each update): the initial weights must not change."""
-    stop = threading.Event()
 
-    def gradients_of_another_fit():
+    def gradients_of_another_fit(stop):
         k = 0
         while not stop.is_set():
             with seeded(k):
                 torch.rand(16)
             k += 1
 
-    est = DaskRegressor(**PARAMS)
-    thread = threading.Thread(target=gradients_of_another_fit, daemon=True)
+    built = _modules_built_beside(gradients_of_another_fit)
+    assert all(torch.equal(built[0], w) for w in built[1:])
+
+
+def _modules_built_beside(other, n: int = 200) -> list[torch.Tensor]:
+    """``n`` modules of ``PARAMS`` built from one seed (their flat weights) while a thread runs
+    ``other(stop)`` until ``stop`` is set."""
+    stop = threading.Event()
+    thread = threading.Thread(target=other, args=(stop,), daemon=True)
     thread.start()
     try:
-        params = est.get_params(deep=False)
-        built = [torch.cat([p.detach().reshape(-1) for p in building.build_module(params, 8, 1, 123).parameters()])
-                 for _ in range(200)]
+        params = DaskRegressor(**PARAMS).get_params(deep=False)
+        return [torch.cat([p.detach().reshape(-1) for p in building.build_module(params, 8, 1, 123).parameters()])
+                for _ in range(n)]
     finally:
         stop.set()
         thread.join()
-    assert all(torch.equal(built[0], w) for w in built[1:])
 
 
 def test_the_output_shape_check_neither_disturbs_nor_moves_torchs_generator():
@@ -118,21 +123,12 @@ def test_the_output_shape_check_neither_disturbs_nor_moves_torchs_generator():
     before = torch.default_generator.get_state()
     building.check_output_shape(module, criterion, X, y, (2, 1), {})
     assert torch.equal(before, torch.default_generator.get_state())
-    stop = threading.Event()
 
-    def checks_of_another_fit():
+    def checks_of_another_fit(stop):
         while not stop.is_set():
             building.check_output_shape(module, criterion, X, y, (2, 1), {})
 
-    params = DaskRegressor(**PARAMS).get_params(deep=False)
-    thread = threading.Thread(target=checks_of_another_fit, daemon=True)
-    thread.start()
-    try:
-        built = [torch.cat([p.detach().reshape(-1) for p in building.build_module(params, 8, 1, 123).parameters()])
-                 for _ in range(200)]
-    finally:
-        stop.set()
-        thread.join()
+    built = _modules_built_beside(checks_of_another_fit)
     assert all(torch.equal(built[0], w) for w in built[1:])
 
 

@@ -300,11 +300,13 @@ def fit_in_thread(est, X, y):
 
 
 def _progress() -> tuple[int, int]:
-    """On a worker: (data blocks resident, training forward passes) over adadamp's fits."""
+    """On a worker: (data blocks resident or the client's data mapped, training forward passes)
+    over adadamp's fits."""
     from adadamp.worker import plugin as _worker
 
     fits = list(_worker.TRAINER.fits.values())
-    return sum(len(f.block_index) for f in fits), sum(getattr(f.module, "n_forward", 0) for f in fits)
+    held = sum(len(f.block_index) + int(f.data.shared) for f in fits)
+    return held, sum(getattr(f.module, "n_forward", 0) for f in fits)
 
 
 def training_workers(client, min_forward: int = 1) -> dict[str, tuple[int, int]]:

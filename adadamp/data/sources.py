@@ -133,14 +133,15 @@ class ArrayData(DataSource):
 
     def move(self, transport: Transport, placement: Placement, add: dict, drop: dict, timeout: float) -> dict:
         """Send each worker its new blocks and drop the ones it gave up; returns ``{worker: error}``
-        for the workers lost meanwhile (other errors raise)."""
+        for the workers lost meanwhile (other errors raise).  A worker that maps the whole data
+        from shared memory (on the client's machine) reads any example there: nothing is sent to
+        it, so a placement on such workers (a growth step, speed-based shares) costs no round."""
         calls = []
         mapped = transport.shared.maps_data if transport.shared is not None else set()
         for w, blocks_of_w in add.items():
-            if w in mapped:  # on the client's machine: it reads the data from shared memory
-                blocks = [Block(b, np.arange(placement.rows(b).start, placement.rows(b).stop)) for b in blocks_of_w]
-            else:
-                blocks = [Block(b, *self.rows(placement.rows(b))) for b in blocks_of_w]
+            if w in mapped:
+                continue
+            blocks = [Block(b, *self.rows(placement.rows(b))) for b in blocks_of_w]
             if blocks or drop[w]:
                 calls.append(_data_call(w, BlockMove(transport.fit_id, blocks, drop[w])))
         return _lost_ones(calls, transport.call_all(calls, timeout=timeout))

@@ -2,8 +2,8 @@
 
 Blocks come three ways.  Blocks the client sends are owned by the fit: they are kept concatenated
 in one array, so a share is one ``index_select``.  A worker on the client's machine maps the
-client's whole training data from shared memory instead (:mod:`adadamp.wire.shm`): placing a block
-on it sends only the block's number, and a share is again one ``index_select``.  Blocks that are a dask collection's persisted
+client's whole training data from shared memory instead (:mod:`adadamp.wire.shm`): it reads any
+example there, so no block is placed on it, and a share is again one ``index_select``.  Blocks that are a dask collection's persisted
 partitions are borrowed: Dask already holds each partition in this worker's memory, so the fit
 keeps a view of it rather than a second copy (each example is held once), and a share is
 gathered partition by partition.  Runs on the workers.
@@ -20,7 +20,7 @@ import torch
 from ..records import Block
 
 OWNED = -2  # the segment of the blocks the client sent
-SHARED = -3  # the client's whole training data, mapped from shared memory (this worker uses its blocks)
+SHARED = -3  # the client's whole training data, mapped from shared memory (any example is read there)
 
 
 class ResidentData:
@@ -72,13 +72,6 @@ class ResidentData:
         """
         drop = set(drop)
         add = [(b.block, self._span(b.indices), b.X, b.y) for b in add]
-        if self.shared and all(X is None for _, _, X, _ in add):  # blocks of the mapped data: indices only
-            for b in drop:
-                self._blocks.pop(b, None)
-            for block, span, _, _ in add:
-                self._blocks[block] = (span, SHARED, span.start)
-            self._reindex()
-            return
         owned_kept = [b for b, (_, s, _) in self._blocks.items() if s == OWNED and b not in drop]
         rebuild = bool(add and not borrowed) or any(self._blocks.get(b, (None, None))[1] == OWNED for b in drop)
         for b in drop:
@@ -152,6 +145,12 @@ class ResidentData:
         the rows put back in the indices' order, so a share's gradient sums in the same order on
         any worker, however that worker came to hold the blocks."""
         indices = np.asarray(indices, dtype=np.int64)
+        if self.shared:  # the client's whole data is mapped here: any example, by its index
+            if len(indices) and (indices.min() < 0 or indices.max() >= self.n_total):
+                raise KeyError(f"examples outside [0, {self.n_total}) asked of the mapped data")
+            _, _, X, y = self._segments[SHARED]
+            rows_t = torch.from_numpy(indices)
+            return X.index_select(0, rows_t).to(self.device), y.index_select(0, rows_t).to(self.device)
         pos = np.searchsorted(self._starts, indices, side="right") - 1  # the block each one falls in
         absent = pos < 0
         pos[absent] = 0
