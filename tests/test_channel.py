@@ -389,3 +389,42 @@ def test_gradient_threads_do_not_preempt_the_client(client, data):
         os.SCHED_BATCH
     }
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the client's own thread is left alone
+
+
+def test_a_round_reads_the_first_replies_while_it_still_writes_the_last_requests():
+    """A parameter-server round with large weights (workers without shared memory): worker ``b``
+    is busy for a second with its first request, so writing its second (64 MB that its socket
+    cannot take) blocks; worker ``a``'s reply is read meanwhile, not after every request is written.
+    Writing every request before reading any reply deadlocked here until the channel's timeout:
+    ``b`` could not read its second request while its first reply, unread, filled the sockets (a
+    worker computing two shards of a round: a lost worker's shard, with large weights)."""
+    from adadamp.engine.transport import SEND_AHEAD_BYTES, Transport
+    from adadamp.records import ShareRequest
+
+    n = 16 << 20  # floats: 64 MB of weights per request, more than a loopback socket buffers (32 + 4 MB here)
+    assert 4 * n >= SEND_AHEAD_BYTES
+
+    def compute(weights, indices, n_chunks, seed, *_):
+        if seed == 1:  # b's first request: busy while the client writes its second
+            time.sleep(1.0)
+        return GradientReply(n=len(indices), loss_sum=0.0, chunk_sq_norm_sum=0.0, n_chunks=n_chunks,
+                             weight=len(indices), compute_time=0.0, grad=weights, buffers=None)
+
+    servers = {w: _server(compute, n_weights=n) for w in ("a", "b")}
+    transport = Transport(None, "fit", None, timeout=30.0, n_weights=n, n_buffers=0)
+    for w, server in servers.items():
+        transport.channels[w] = Channel("127.0.0.1", server.port, server.token, n_weights=n, timeout=30)
+    read_at = {}
+    try:
+        weights = np.ones(n, dtype=np.float32)
+        requests = [ShareRequest(w, seed, np.arange(2)) for w, seed in (("a", 0), ("b", 1), ("b", 2))]
+        start = time.monotonic()
+        replies, send_s = transport.round(requests, 1, weights,
+                                          on_reply=lambda q, r: read_at.setdefault(q.seed, time.monotonic()))
+    finally:
+        transport.close()
+        for server in servers.values():
+            server.close()
+    assert all(isinstance(r, GradientReply) for r in replies), replies
+    assert send_s >= 0.5  # writing b's second request waited for b
+    assert read_at[0] - start < send_s, (read_at, send_s)  # a's reply was read in the meantime

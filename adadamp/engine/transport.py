@@ -10,8 +10,11 @@ returns the replies in request order.  Behind it: the fit's own TCP channel
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import selectors
+import socket
 import time
 
 import dask
@@ -28,6 +31,13 @@ from ..wire.shm import SharedBuffers
 from .speeds import lost_after
 
 logger = logging.getLogger(__name__)
+
+#: Weights bytes of a round from which the requests are written on a thread of their own while
+#: the replies are read: the client's link carries the first workers' gradients in while the last
+#: workers' weights still go out, instead of both directions taking turns (a worker's reply waits
+#: in socket buffers that hold a few MB while the client writes).  Below it (shared memory, small
+#: models) writing is quicker than handing it to a thread.
+SEND_AHEAD_BYTES = 1 << 20
 
 
 
@@ -55,6 +65,7 @@ class Transport:
         self.n_buffers = n_buffers  # floats in the module's running statistics (BatchNorm)
         self.channels: dict[str, Channel] = {}
         self.round_bytes = (0, 0)  # bytes the last round sent and received (see UpdateRecord)
+        self._send_thread: concurrent.futures.ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ RPCs
     def call_all(self, calls: list[tuple[str, str, dict]], timeout: float | None = None) -> list:
@@ -121,8 +132,9 @@ class Transport:
         Returns the replies in request order (:class:`GradientReply`, or the exception a worker's
         share ended with) and the seconds spent writing the channel requests (with the weights,
         for workers that do not map them).  Channel requests go out first, so the workers compute
-        while any Dask RPCs (workers without a channel) run.  A worker may have several requests
-        (a channel serves them in order).  ``on_reply(request, reply)`` runs for each good reply
+        while any Dask RPCs (workers without a channel) run; with weights of
+        :data:`SEND_AHEAD_BYTES` or more they are written on a thread while the replies are read.
+        A worker may have several requests (a channel serves them in order).  ``on_reply(request, reply)`` runs for each good reply
         as soon as it is in.  ``buffers``: the running statistics every share starts from
         (float32; None: each worker keeps its own).
 
@@ -139,9 +151,8 @@ class Transport:
         replies: list = [None] * len(requests)
         before = self._bytes()
         rpc_sent = rpc_received = 0
-        start = time.perf_counter()
         t0 = time.monotonic()
-        sent, rpc_calls, rpc_slots = set(), [], []
+        rpc_calls, rpc_slots, to_send = [], [], []
         for i, r in enumerate(requests):
             payload = None if weights is None or self.maps_weights(r.worker) else weights
             channel = self.channels.get(r.worker)
@@ -161,23 +172,45 @@ class Transport:
                 rpc_calls.append((r.worker, "adadamp_gradient", kwargs))
                 rpc_slots.append(i)
                 continue
-            try:
-                channel.send(
-                    r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step, r.in_reply, buffers, r.plan, r.parts
-                )
-                sent.add(i)
-            except OSError as err:
-                replies[i] = err
-        send_time = time.perf_counter() - start
+            to_send.append((i, r, channel, payload))
+        failed: dict[int, OSError] = {}
+
+        def send() -> float:
+            start = time.perf_counter()
+            for i, r, channel, payload in to_send:
+                try:
+                    channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step, r.in_reply, buffers,
+                                 r.plan, r.parts)
+                except OSError as err:
+                    failed[i] = err
+                    with contextlib.suppress(OSError):  # its reply is then read as lost at once
+                        channel.sock.shutdown(socket.SHUT_RDWR)
+            return time.perf_counter() - start
+
+        weights_out = sum(p.nbytes for *_, p in to_send if p is not None)
+        sending = self._sender().submit(send) if weights_out >= SEND_AHEAD_BYTES and len(to_send) > 1 else None
+        send_time = send() if sending is None else 0.0
         for i, r in zip(rpc_slots, self.call_all(rpc_calls)):
             replies[i] = GradientReply(**r) if isinstance(r, dict) else r
             if isinstance(r, dict):
                 rpc_received += sum(np.asarray(r[k]).nbytes for k in ("grad", "buffers") if r[k] is not None)
                 on_reply(requests[i], replies[i])
-        self._receive(requests, replies, sent, on_reply, t0, patient, expected, on_late)
+        # every request, while they are still being written (a failed write shuts its socket: read as lost)
+        awaited = {i for i, *_ in to_send if sending is not None or i not in failed}
+        self._receive(requests, replies, awaited, on_reply, t0, patient, expected, on_late)
+        if sending is not None:
+            send_time = sending.result()
+        for i, err in failed.items():
+            replies[i] = err
         after = self._bytes()
         self.round_bytes = (rpc_sent + after[0] - before[0], rpc_received + after[1] - before[1])
         return replies, send_time
+
+    def _sender(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The thread that writes a round's requests while this one reads the replies (see :data:`SEND_AHEAD_BYTES`)."""
+        if self._send_thread is None:
+            self._send_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="adadamp-send")
+        return self._send_thread
 
     def _receive(self, requests, replies, sent, on_reply, t0: float, patient, expected, on_late) -> None:
         """The channel replies of a round (:meth:`round`), as they come in, until each is in or its
@@ -237,3 +270,6 @@ class Transport:
     def close(self) -> None:
         for w in list(self.channels):
             self.forget(w)
+        if self._send_thread is not None:
+            self._send_thread.shutdown(wait=False)
+            self._send_thread = None
