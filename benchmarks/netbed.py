@@ -21,10 +21,12 @@ shaped to each rate in turn, for MLPs ``256 -> h -> h -> 10`` (``benchmarks.allr
   median forward + backward under ``no_sync()``.
 
 The simulator (:mod:`adadamp.simulate`): for every system, model and P, ``calibrate`` (median)
-fits the compute rate and the fixed overheads to the *unshaped* run, with the veth link's measured
-rate as the bandwidth (``Centralized`` for the parameter server: 2 P M bytes through the client's
-link; ``RingAllReduce`` for the all-reduce backend and DDP: 2 (P - 1) / P M per worker link); the
-shaped rows are then predicted by changing only the bandwidth, and compared with the measurement.
+fits the compute rate and the fixed overheads to the *unshaped* run, with the rate an unshaped link
+carries in that system as the bandwidth (:func:`effective_rates`, from the unshaped rows of every
+model size; ``Centralized(full_duplex=True)`` for the parameter server: P + 1 models each way
+through the client's link; ``RingAllReduce`` for the all-reduce backend and DDP: 2 (P - 1) / P M
+per worker link); the shaped rows are then predicted at the slower of tbf's rate and that one,
+nothing else changed, and compared with the measurement.
 This machine's kernel has no netem, so no delay or loss is emulated (the simulator's latency terms
 are zero here).  All hosts share this machine's cores: with 2 cores and P = 4 the workers compete
 for CPU, so ratios within a run mean something, absolute times are not a cluster's.
@@ -220,6 +222,29 @@ def _bandwidth(rate: str, system: str) -> float:
     return gbit_per_s(float(rate.removesuffix("gbit")))
 
 
+def _models_per_update(system: str, p: int) -> float:
+    """Model-sized messages one direction of the bottleneck link carries per update, as the
+    simulator's networks count them: the client's link ``P + 1`` (``Centralized(full_duplex=True)``),
+    a ring member's ``2 (P - 1) / P``."""
+    return p + 1.0 if system == PS else 2.0 * (p - 1) / p
+
+
+def effective_rates(rows: list[dict]) -> dict:
+    """``(system, P) -> bytes/s`` that an unshaped link carries *in this system*: the slope of the
+    unshaped rows' time beyond compute against their bytes across model sizes, capped at the veth's
+    rate.  A sender also copies and serializes what it sends, on cores that P workers share here, so
+    it moves bytes slower than a bare TCP stream; a shaped link is then as slow as the slower of tbf's
+    rate and this one (the two stages pipeline; their costs do not add)."""
+    out = {}
+    for system, p in {(r["system"], r["P"]) for r in rows if r["rate"] == "unshaped"}:
+        points = [(_models_per_update(system, p) * 4 * r["n_params"], r["update_s"] - r["compute_s"])
+                  for r in rows if (r["system"], r["P"], r["rate"]) == (system, p, "unshaped")]
+        veth = _bandwidth("unshaped", system)
+        slope = np.polyfit(*zip(*points), 1)[0] if len({b for b, _ in points}) >= 2 else 0.0
+        out[system, p] = min(veth, 1.0 / slope) if slope > 0 else veth
+    return out
+
+
 def _wire_bytes(rate: str, system: str, p: int, n_bytes: float) -> float:
     """The model's bytes ``M`` once tbf's bucket is taken off: a link idle between updates holds
     ``burst`` bytes of credit that leave at the veth's speed, so each direction of the bottleneck
@@ -228,29 +253,33 @@ def _wire_bytes(rate: str, system: str, p: int, n_bytes: float) -> float:
     if rate == "unshaped":
         return n_bytes
     burst = float(_bed_module()._burst(rate))
-    if system == PS:
-        return max(0.0, p * n_bytes - burst) / p
-    return max(0.0, 2 * (p - 1) / p * n_bytes - burst) * p / (2 * (p - 1))
+    per_direction = p if system == PS else 2 * (p - 1) / p
+    return max(0.0, per_direction * n_bytes - burst) / per_direction
 
 
 def predictions(rows: list[dict]) -> dict:
     """``(system, size, P, rate) -> (predicted update s, the same with tbf's bucket taken off the
-    bytes, calibrated here?)`` from the unshaped rows' calibrations."""
+    bytes, calibrated here?)`` from the unshaped rows' calibrations (at :func:`effective_rates`)."""
     from adadamp.simulate import Centralized, RingAllReduce, UpdateTrace, calibrate, update_times
 
+    rates = effective_rates(rows)
     out = {}
     for base in (r for r in rows if r["rate"] == "unshaped"):
-        net = (Centralized if base["system"] == PS else RingAllReduce)(bandwidth=_bandwidth("unshaped", base["system"]))
+        system, p = base["system"], base["P"]
+        net = Centralized(rates[system, p], full_duplex=True) if system == PS else RingAllReduce(rates[system, p])
         trace = UpdateTrace(base["batch"], base["workers"], [0] * len(base["batch"]), base["compute"], base["update"])
         cal = calibrate(trace, network=net, n_params=base["n_params"], method="median")
         for r in rows:
-            if (r["system"], r["size"], r["P"]) != (base["system"], base["size"], base["P"]):
+            if (r["system"], r["size"], r["P"]) != (system, base["size"], p):
                 continue
-            shaped = dataclasses.replace(cal.network, bandwidth=_bandwidth(r["rate"], r["system"]))
-            pred = [float(update_times([BATCH], [r["P"]], time_per_example=cal.time_per_example, n_params=n,
+            rate = min(_bandwidth(r["rate"], system), rates[system, p])
+            shaped = dataclasses.replace(cal.network, bandwidth=rate)
+            bucket = r["rate"] != "unshaped" and rate < rates[system, p]  # tbf's credit helps only where tbf is the limit
+            n_bytes = 4 * r["n_params"]
+            pred = [float(update_times([BATCH], [p], time_per_example=cal.time_per_example, n_params=n,
                                        network=shaped, bytes_per_param=1)[0])
-                    for n in (4 * r["n_params"], _wire_bytes(r["rate"], r["system"], r["P"], 4 * r["n_params"]))]
-            out[r["system"], r["size"], r["P"], r["rate"]] = (*pred, r["rate"] == "unshaped")
+                    for n in (n_bytes, _wire_bytes(r["rate"], system, p, n_bytes) if bucket else n_bytes)]
+            out[system, r["size"], p, r["rate"]] = (*pred, r["rate"] == "unshaped")
     return out
 
 
@@ -279,9 +308,10 @@ def report(results: dict, repeat: dict | None = None) -> str:
               "something, absolute times are not a cluster's (at P = 4 and 8, four and eight workers share 2 cores). No delay or loss "
               "(no netem in this kernel)."), "",
              ("Predicted: `adadamp.simulate` calibrated (`calibrate(..., method=\"median\")`) on the unshaped run of "
-              "the same system, model and P, with the unshaped veth rate as its bandwidth "
-              f"({VETH_CLIENT / 1e9:.1f} GB/s client link, {VETH_HOST / 1e9:.1f} GB/s host to host); the shaped rows "
-              "change only the bandwidth. Error = |pred - meas| / meas (`cal.`: the calibration point itself). "
+              "the same system, model and P (`Centralized(full_duplex=True)` for the parameter server, "
+              "`RingAllReduce` for the others), with the rate an unshaped link carries in that system as its "
+              "bandwidth (below); a shaped row is predicted at the slower of tbf's rate and that one, nothing else "
+              "changed. Error = |pred - meas| / meas (`cal.`: the calibration point itself). "
               "Last two columns: this row's update time over the parameter server's and DDP's."), "",
              ("| params | P | link | system | update ms | compute ms | predicted ms (error) | with tbf's bucket ms "
               "(error) | / parameter server | / DDP |"), "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -312,7 +342,15 @@ def report(results: dict, repeat: dict | None = None) -> str:
                   ("tbf lets a bucket of 4 ms at the rate (at least 64 KiB: 500 KB at 1 Gb/s, 5 MB at 10 Gb/s) leave "
                    "at the veth's speed after an idle spell, which a real link does not: at 10 Gb/s a 1M model's "
                    "4.4 MB fits in it, so those rows are close to unshaped. The second prediction takes the bucket "
-                   "off the bytes each direction of the bottleneck link carries per update.")]
+                   "off the bytes each direction of the bottleneck link carries per update, where tbf is the "
+                   "slower stage."), "",
+                  ("The rate an unshaped link carries in a system (`effective_rates`): the slope of the unshaped rows' "
+                   "time beyond compute against their bytes across the model sizes, capped at the veth's rate "
+                   f"({VETH_CLIENT / 1e9:.1f} GB/s client link, {VETH_HOST / 1e9:.1f} GB/s host to host, a bare TCP "
+                   "stream): the senders copy and serialize on the cores the P workers share, so they move bytes "
+                   "slower than a bare stream, and a shaped link is as slow as the slower stage (the two pipeline; "
+                   "their costs do not add). GB/s: " + ", ".join(
+                       f"{s} P = {p}: {v / 1e9:.2f}" for (s, p), v in sorted(effective_rates(rows).items())) + ".")]
         lines.append("")
         for system in SYSTEMS:
             errs = [abs(v[1] - index[k]["update_s"]) / index[k]["update_s"] for k, v in pred.items()
@@ -323,9 +361,9 @@ def report(results: dict, repeat: dict | None = None) -> str:
     lines += ["", ("The compute column is each system's own: the parameter server's slowest worker's gradient; the "
                    "all-reduce backend's slowest member's loading, the optimizer step it owed and its forward and "
                    "backward with the bucketed all-reduce the backward pass overlaps; DDP's slowest rank's forward "
-                   "and backward under `no_sync()`. The `Centralized` model sends the weights, then receives the "
-                   "gradients; on the full-duplex links the first workers' gradients come back while the last "
-                   "workers' weights still go out, so it over-predicts the parameter server. At P = 8 eight "
+                   "and backward under `no_sync()`. The parameter server's client reads the first workers' "
+                   "gradients while it still writes the last workers' weights, so its link carries P + 1 models "
+                   "a direction per update, not 2 P (the paper's `Centralized` model, the default). At P = 8 eight "
                    "single-threaded workers share 2 cores: compute grows with P here, which it would not on a "
                    "cluster.")]
     sent = sorted({(r["P"], int(r["sent_bytes"]), int(r["received_bytes"])) for r in rows if r["system"] == AR})

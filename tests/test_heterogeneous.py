@@ -22,9 +22,11 @@ from adadamp import DaskRegressor
 from adadamp.dampers.clock import LoopState, Sampler
 from adadamp.data.placement import makespan, plan_moves, shard_quotas
 from adadamp.engine.aggregation import GradientSum
+from adadamp.engine.backends.allreduce import AllReduce
+from adadamp.engine.backends.parameter_server import ParameterServer
 from adadamp.engine.speeds import PROBE_GROWTH, REBALANCE_EVERY, Speeds, lost_after
 from adadamp.modules import MLP
-from adadamp.records import GradientReply, examples_digest
+from adadamp.records import GradientReply, SetupReply, examples_digest
 from adadamp.wire.parameters import examples_independent, flatten_parameters, float_buffers
 from adadamp.worker.gradient import gradient_sum, shards_sum
 from adadamp.worker.state import FitState
@@ -80,6 +82,19 @@ def test_a_workers_first_reply_of_the_fit_warms_up_and_is_not_measured():
     s.forget("a")  # lost; a worker at its address later warms up again
     s.observe_update(["a", "b"], {"a": [100, 3.0], "b": [100, 1.0]})
     assert "a" not in s.rate
+
+
+@pytest.mark.parametrize("backend", [ParameterServer, AllReduce])
+def test_a_worker_set_up_again_in_a_fit_warms_up_again(backend):
+    """Back at its address after a cut link, a worker is set up again: its speed is measured anew
+    and its first reply may be slow (it is patient again, not a straggler by its old speed)."""
+    b = object.__new__(backend)  # only the set-up hook's state: the rest of a fit is not needed
+    b.speeds, b._kept = Speeds(), {}
+    for _ in range(2):
+        b.speeds.observe_update(["a", "b"], {"a": [100, 1.0], "b": [100, 1.0]})
+    assert b.speeds.answered == {"a", "b"} and set(b.speeds.rate) == {"a", "b"}
+    b._setup_reply("a", SetupReply(shared=False, shared_data=False))
+    assert b.speeds.answered == {"b"} and set(b.speeds.rate) == {"b"}
 
 
 @pytest.mark.parametrize(("fixed", "per_example"), [(0.0, 1e-3), (0.05, 1e-5)])

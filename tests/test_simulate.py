@@ -44,6 +44,21 @@ def test_centralized_comm_time_by_hand():
     np.testing.assert_allclose(net.comm_time([1, 4], n_bytes=1000), [0.033, 0.042])
 
 
+def test_a_full_duplex_server_pays_one_model_more_than_a_direction_not_two_per_worker():
+    serial = Centralized(bandwidth=1e6, latency=0.01, overhead_per_update=0.02, overhead_per_worker=0.001)
+    duplex = replace(serial, full_duplex=True)
+    # 0.01 + 0.02 + P * 0.001 + (P + 1) * 1000 / 1e6: P = 1 sends, then receives, either way
+    np.testing.assert_allclose(duplex.comm_time([1, 4], n_bytes=1000), [0.033, 0.034 + 0.005])
+    np.testing.assert_allclose(serial.comm_time([1, 4], n_bytes=1000), [0.033, 0.042])
+    # a calibration keeps the link's shape: the overheads are fitted beside (P + 1) M / bandwidth
+    p = np.array([2, 2, 4, 4, 8, 8])
+    compute = np.full(p.size, 0.05)
+    wall = compute + replace(duplex, overhead_per_update=0.003, overhead_per_worker=0.002).comm_time(p, 400)
+    cal = calibrate(UpdateTrace(p * 4, p, [0] * p.size, compute, wall), network=duplex, n_params=100)
+    assert cal.network.full_duplex
+    assert (cal.network.overhead_per_update, cal.network.overhead_per_worker) == pytest.approx((0.003, 0.002))
+
+
 def test_ring_comm_time_by_hand():
     net = RingAllReduce(bandwidth=1e6, latency=1e-3)
     # P=4: 2 * 3/4 * 1e-3 + 2 * 3 * 1e-3; one worker sends nothing

@@ -87,6 +87,14 @@ class Centralized(_Links):
     centralized update costs ("Future work / Architecture"); item (2), the
     gradient computation, is the compute term of :func:`update_times`.
 
+    The paper's model sends all the weights before the first gradient comes
+    back.  adadamp's client reads the first workers' gradients while it still
+    writes the last workers' weights; on a full-duplex link the two
+    directions then share the time, and only the last worker's gradient
+    waits for its weights (``full_duplex=True``)::
+
+        latency + overhead_per_update + P * overhead_per_worker + (P + 1) * M / bandwidth
+
     Parameters
     ----------
     bandwidth : float
@@ -103,6 +111,9 @@ class Centralized(_Links):
         Seconds per worker per update beyond the bytes on the wire:
         per-task submission, (de)serialization, summing that worker's
         gradient on the client (paper item 4).
+    full_duplex : bool, default False
+        Weights out and gradients in at once (what adadamp's engine does);
+        the default is the paper's model, which sends before it receives.
 
     Examples
     --------
@@ -110,7 +121,12 @@ class Centralized(_Links):
     ...                   overhead_per_worker=0.001)
     >>> round(float(net.comm_time(4, n_bytes=1000)[0]), 9)  # 0.03 + 4 * (0.001 + 0.002)
     0.042
+    >>> duplex = Centralized(bandwidth=1e6, full_duplex=True)
+    >>> round(float(duplex.comm_time(4, n_bytes=1000)[0]), 9)  # (4 + 1) * 0.001
+    0.005
     """
+
+    full_duplex: bool = False
 
     def comm_time(self, n_workers: ArrayLike, n_bytes: float) -> NDArray[np.float64]:
         """Seconds of one update spent outside gradient computation.
@@ -133,8 +149,9 @@ class Centralized(_Links):
         [1.0, 2.0]
         """
         p = _as_counts(n_workers, "n_workers").astype(np.float64)
-        per_worker = self.overhead_per_worker + 2.0 * float(n_bytes) / self.bandwidth
-        return self.latency + self.overhead_per_update + p * per_worker
+        messages = p + 1.0 if self.full_duplex else 2.0 * p
+        wire = messages * float(n_bytes) / self.bandwidth
+        return self.latency + self.overhead_per_update + p * self.overhead_per_worker + wire
 
 
 @dataclass(frozen=True)

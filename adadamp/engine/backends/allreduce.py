@@ -214,6 +214,7 @@ class AllReduce(Backend):
         return request
 
     def _setup_reply(self, worker: str, reply: SetupReply) -> None:
+        super()._setup_reply(worker, reply)
         self._kept[worker] = reply.kept
 
     # ------------------------------------------------------------------ the group

@@ -287,7 +287,10 @@ class Backend(abc.ABC):
         )
 
     def _setup_reply(self, worker: str, reply: SetupReply) -> None:
-        """What a worker's set-up reply says beyond the shared memory and the channel (none here)."""
+        """What a worker's set-up reply says beyond the shared memory and the channel.  A worker set
+        up again in a fit (back at its address after a cut link or a restart) is a fresh process:
+        what was measured of it before goes, and its first reply warms up again (:meth:`_patient`)."""
+        self.speeds.forget(worker)
 
     # ------------------------------------------------------------------ warm sessions
     def suspend(self) -> None:
