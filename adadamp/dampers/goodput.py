@@ -245,10 +245,11 @@ class Goodput(BaseDamper):
     scale was least, the best step falls as the noise scale grows (McCandlish et al. 2018, Sec.
     2.2).  Measured on three tasks (``benchmarks/goodput.md``), that decay cost 1-6 accuracy
     points at equal epochs where the cool-down alone came close to the best tuned schedule, so
-    it is off by default.  The cool-down takes half the epochs by default: over 5 epochs, 0.3
-    ended 0.2-0.7 points below the best tuned schedule on those tasks and 0.5 within 0.35 of it
-    (two runs each), reaching the targets as soon (they come in the first 1-2 epochs).  The epoch clock counts data epochs, as for the other
-    batch schedules, so ``max_epochs`` means passes over the data.
+    it is off by default.  The cool-down takes half the epochs by default: run back to back on
+    those tasks (5 epochs, two runs each), it ended 0.2-0.7 points above a cool-down over 0.3 of
+    them in every pair, and reached the targets as soon (they come in the first 1-2 epochs).  The
+    epoch clock counts data epochs, as for the other batch schedules, so ``max_epochs`` means
+    passes over the data.
 
     Parameters
     ----------
