@@ -174,7 +174,8 @@ def gloo_group(store: dist.Store, rank: int, size: int, host: str, timeout: date
     all-reduce and rank 0's broadcast of its state need about ``2 P`` of the ``P (P - 1) / 2``
     connections gloo's eager full mesh makes while the group forms.  Measured where 8 members share
     2 cores (``benchmarks.time_to_accuracy``, the all-reduce growth from 4 to 8 workers, runs
-    interleaved): 0.8-0.9 of an update in three runs, against 1.0-1.3 eager.
+    interleaved): 0.8-0.9 of an update in three runs, against 1.0-1.3 eager (1.0 and 1.1 in a
+    full run of that benchmark after).
     """
     names = os.environ.get("GLOO_SOCKET_IFNAME")
     options = dist.ProcessGroupGloo._Options()
