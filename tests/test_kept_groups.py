@@ -24,7 +24,7 @@ from sklearn.datasets import make_classification
 from adadamp import DaskClassifier
 from adadamp.engine.backends import allreduce
 from adadamp.wire.parameters import flatten_parameters
-from adadamp.worker.replica import Replica, gloo_group
+from adadamp.worker.replica import Replica
 from adadamp.worker.state import FitState
 
 KEEP = "adadamp.allreduce.keep-group"
@@ -135,42 +135,6 @@ def test_a_member_that_lost_the_kept_group_costs_one_formation(client, data, mon
     assert seen[second] is None
     stats = client.run(_stats)
     assert _summed(stats, "groups_reused") == 0 and _summed(stats, "groups_formed") == 2
-
-
-def _peer_sockets() -> set:
-    """This process's established loopback TCP connections (both ends of each)."""
-    return {(c.laddr, c.raddr) for c in psutil.Process().net_connections("tcp")
-            if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.ip == "127.0.0.1"}
-
-
-def test_a_group_connects_only_the_members_that_exchange_data():
-    """Forming a group connects nobody; the ring all-reduce and rank 0's broadcast then connect
-    the pairs they use, fewer than the full mesh of 6 members (15 pairs) an eager group makes."""
-    size, store, before = 6, dist.HashStore(), _peer_sockets()
-    groups, sums = [None] * size, [None] * size
-
-    def member(rank, step):
-        if step == "form":
-            groups[rank] = gloo_group(dist.PrefixStore("g", store), rank, size, "127.0.0.1",
-                                      datetime.timedelta(seconds=30))
-        else:
-            state = torch.full((4,), 7.0) if rank == 0 else torch.zeros(4)
-            groups[rank].broadcast([state], dist.BroadcastOptions()).wait()
-            total = torch.tensor([float(rank)])
-            groups[rank].allreduce([total]).wait()
-            sums[rank] = (state.tolist(), total.item())
-
-    for step in ("form", "use"):
-        threads = [threading.Thread(target=member, args=(r, step)) for r in range(size)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        opened = len(_peer_sockets() - before) // 2  # each connection is two sockets of this process
-        if step == "form":
-            assert opened == 0
-    assert sums == [([7.0] * 4, 15.0)] * size
-    assert 0 < opened < size * (size - 1) // 2
 
 
 def _listening(dask_worker=None) -> int:

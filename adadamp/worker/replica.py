@@ -169,20 +169,11 @@ def gloo_group(store: dist.Store, rank: int, size: int, host: str, timeout: date
 
     Gloo's own default is the interface of the machine's host name, whatever the cluster uses;
     binding a device to an address goes through ``_Options``, as torch's own gloo tests do.
-
-    The devices connect lazily: two members connect when they first exchange data, and the ring
-    all-reduce and rank 0's broadcast of its state need about ``2 P`` of the ``P (P - 1) / 2``
-    connections gloo's eager full mesh makes while the group forms.  Measured where 8 members share
-    2 cores (``benchmarks.time_to_accuracy``, the all-reduce growth from 4 to 8 workers, runs
-    interleaved): 0.8-0.9 of an update in three runs, against 1.0-1.3 eager (1.0 and 1.1 in a
-    full run of that benchmark after).
     """
-    names = os.environ.get("GLOO_SOCKET_IFNAME")
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
     options = dist.ProcessGroupGloo._Options()
-    options._devices = (
-        [dist.ProcessGroupGloo.create_device(interface=name, lazy_init=True) for name in names.split(",")]
-        if names else [dist.ProcessGroupGloo.create_device(hostname=host, lazy_init=True)]
-    )
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
     options._timeout = timeout
     return dist.ProcessGroupGloo(store, rank, size, options)
 
