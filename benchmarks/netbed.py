@@ -222,11 +222,17 @@ def _bandwidth(rate: str, system: str) -> float:
     return gbit_per_s(float(rate.removesuffix("gbit")))
 
 
+def _network(system: str, bandwidth: float):
+    """The simulator's network for ``system``: the client's full-duplex link for the parameter
+    server, a ring for the all-reduce backend and DDP."""
+    from adadamp.simulate import Centralized, RingAllReduce
+
+    return Centralized(bandwidth, full_duplex=True) if system == PS else RingAllReduce(bandwidth)
+
+
 def _models_per_update(system: str, p: int) -> float:
-    """Model-sized messages one direction of the bottleneck link carries per update, as the
-    simulator's networks count them: the client's link ``P + 1`` (``Centralized(full_duplex=True)``),
-    a ring member's ``2 (P - 1) / P``."""
-    return p + 1.0 if system == PS else 2.0 * (p - 1) / p
+    """Model-sized messages the bottleneck link carries per update, as the simulator counts them."""
+    return float(_network(system, 1.0).comm_time(p, n_bytes=1.0)[0])
 
 
 def effective_rates(rows: list[dict]) -> dict:
@@ -260,13 +266,13 @@ def _wire_bytes(rate: str, system: str, p: int, n_bytes: float) -> float:
 def predictions(rows: list[dict]) -> dict:
     """``(system, size, P, rate) -> (predicted update s, the same with tbf's bucket taken off the
     bytes, calibrated here?)`` from the unshaped rows' calibrations (at :func:`effective_rates`)."""
-    from adadamp.simulate import Centralized, RingAllReduce, UpdateTrace, calibrate, update_times
+    from adadamp.simulate import UpdateTrace, calibrate, update_times
 
     rates = effective_rates(rows)
     out = {}
     for base in (r for r in rows if r["rate"] == "unshaped"):
         system, p = base["system"], base["P"]
-        net = Centralized(rates[system, p], full_duplex=True) if system == PS else RingAllReduce(rates[system, p])
+        net = _network(system, rates[system, p])
         trace = UpdateTrace(base["batch"], base["workers"], [0] * len(base["batch"]), base["compute"], base["update"])
         cal = calibrate(trace, network=net, n_params=base["n_params"], method="median")
         for r in rows:
