@@ -261,7 +261,7 @@ def test_a_killed_clients_fit_is_dropped_by_the_workers_and_its_files_swept(clie
         time.sleep(0.1)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("adadamp-")]  # left behind ...
     X, y = np.random.default_rng(1).normal(size=(64, 8)).astype(np.float32), np.arange(64) % 2
-    with dask.config.set({"adadamp.shm-dir": str(tmp_path)}):
+    with dask.config.set({"adadamp.shm-dir": str(tmp_path), "adadamp.shm-keep-data": 0}):
         DaskClassifier(max_epochs=1).fit(X, y)
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("adadamp-")]  # ... and swept
 

@@ -90,7 +90,7 @@ def test_shared_memory_is_one_private_directory_removed_after_the_fit(client, da
     root = tmp_path / "shm"
     root.mkdir()
     look = LookAtSharedMemory(root=str(root))
-    with dask.config.set({"adadamp.shm-dir": str(root)}):
+    with dask.config.set({"adadamp.shm-dir": str(root), shm.KEEP_DATA: 0}):
         est = DaskRegressor(max_epochs=1, random_state=0, min_workers=2, callbacks=[("look", look)]).fit(X, y)
     seen = dict(est.callbacks_)["look"].seen_
     dirs = [p for p in seen if p.parent == root]
@@ -104,6 +104,83 @@ def test_shared_memory_is_one_private_directory_removed_after_the_fit(client, da
         code, err = dict(est.callbacks_)["look"].other_user_
         assert code != 0 and "Permission denied" in err[0], err
     assert list(root.iterdir()) == []  # nothing left behind
+
+
+
+def _kept(root: Path) -> list[Path]:
+    return [d for d in root.iterdir() if d.name.startswith(f"adadamp-{os.getpid()}-kept-")]
+
+
+class DataFiles(Callback):
+    """Records, at the first update, the fit's data files (``os.stat``) and what ``data-X`` holds."""
+
+    def __init__(self, root=None):
+        self.root = root
+
+    def on_update_end(self, estimator, record=None, **info):
+        if not hasattr(self, "seen_"):
+            [fit] = [d for d in Path(self.root).iterdir() if "-kept-" not in d.name]
+            self.seen_ = {n: (fit / f"data-{n}").stat() for n in ("X", "y")}
+            self.X_ = np.fromfile(fit / "data-X", dtype=np.float32)
+
+
+def test_a_clean_fits_data_files_are_kept_private_for_the_next_fit_then_removed(client, data, tmp_path):
+    """The data files of a clean fit wait in a private directory; the next fit writes its data over
+    them (the same inode: no new pages), and what is kept is gone ``shm-keep-data`` seconds later."""
+    X, y = data
+    root = tmp_path / "shm"
+    root.mkdir()
+    with dask.config.set({"adadamp.shm-dir": str(root), shm.KEEP_DATA: 3}):
+        DaskRegressor(max_epochs=1, random_state=0, min_workers=2).fit(X, y)
+        [kept] = _kept(root)
+        assert sorted(p.name for p in root.iterdir()) == [kept.name]  # the fit's own directory is gone
+        assert stat.S_IMODE(kept.lstat().st_mode) == 0o700
+        files = {p.name: p.lstat() for p in kept.iterdir()}
+        assert set(files) == {"X", "y"} and {stat.S_IMODE(f.st_mode) for f in files.values()} == {0o600}
+        smaller = DaskRegressor(max_epochs=1, random_state=0, min_workers=2, callbacks=[("look", DataFiles(root))])
+        smaller.fit(X[:-7], y[:-7])  # less data than the kept files hold: written over, then cut to size
+    seen = dict(smaller.callbacks_)["look"].seen_
+    assert {n: f.st_ino for n, f in seen.items()} == {"X": files["X"].st_ino, "y": files["y"].st_ino}
+    np.testing.assert_array_equal(dict(smaller.callbacks_)["look"].X_, X[:-7].ravel())
+    deadline = time.monotonic() + 10
+    while _kept(root):  # the second fit's files, kept 3 seconds
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert list(root.iterdir()) == []
+
+
+def test_a_failed_fit_keeps_no_data_files(client, data, tmp_path):
+    X, y = data
+    with dask.config.set({"adadamp.shm-dir": str(tmp_path), shm.KEEP_DATA: 60}), pytest.raises(ValueError):
+        DaskRegressor(max_epochs=1, random_state=0, callbacks=[("fail", FailsAfterAnUpdate())]).fit(X, y)
+    assert list(tmp_path.iterdir()) == []
+
+
+class FailsAfterAnUpdate(Callback):
+    def on_update_end(self, estimator, record=None, **info):
+        raise ValueError("the user's callback failed")
+
+
+def test_kept_data_files_are_taken_only_if_still_private(tmp_path, caplog):
+    """A kept file whose mode was opened to others is not written over: the next fit's data goes
+    to a new private file."""
+    kept = shm.KeptData()
+    directory = tmp_path / "fit"
+    directory.mkdir()
+    a = np.arange(6, dtype=np.float32)
+    shm._write_private(str(directory / "data-X"), a)
+    kept.keep(str(tmp_path), {"X": str(directory / "data-X")}, seconds=60)
+    [held] = [p for p in tmp_path.iterdir() if "-kept-" in p.name]
+    os.chmod(held / "X", 0o644)
+    target = tmp_path / "next"
+    with caplog.at_level(logging.WARNING, logger="adadamp.wire.shm"):
+        shm._write_private(str(target), a + 1, kept.take(str(tmp_path), "X"))
+    assert "not writing over the kept data file" in caplog.text and "open to other users" in caplog.text
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    np.testing.assert_array_equal(np.fromfile(target, dtype=np.float32), a + 1)
+    assert kept.take(str(tmp_path), "X") is None  # taken once
+    kept.drop()
+    assert not held.exists()
 
 
 def test_a_worker_maps_only_private_files_of_its_own_user(tmp_path):

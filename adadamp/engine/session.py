@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import weakref
 
@@ -107,9 +108,11 @@ def train(
         ):
             loop.run(opened, epochs, epoch_updates)
         return None
-    # (the optimizer's class: an all-reduce backend's replicas hold one of theirs)
-    key = (client, policy, device, backend, type(state.optimizer), data.token())
-    opened = kept.claim(None if fresh else key) if kept is not None else None
+    # (the optimizer's class: an all-reduce backend's replicas hold one of theirs; the data's token
+    # hashes thousands of examples, so only a call that keeps or may resume a backend computes it)
+    resume = kept is not None and not fresh
+    key = (client, policy, device, backend, type(state.optimizer), data.token()) if keep or resume else None
+    opened = kept.claim(key if resume else None) if kept is not None else None
     if opened is not None:
         opened.resume(module=state.module, optimizer=state.optimizer, damper=state.damper, loop=state.loop)
         logger.info("resumed the workers and data of the last call")
@@ -120,7 +123,7 @@ def train(
         if keep:
             opened.suspend()
     except BaseException:
-        opened.__exit__(None, None, None)
+        opened.__exit__(*sys.exc_info())
         raise
     if keep:
         return KeptBackend(owner, opened, key)

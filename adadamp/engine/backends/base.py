@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -203,22 +204,26 @@ class Backend(abc.ABC):
         try:
             self._acquire(self._stack)
         except BaseException:
-            self._stack.close()
+            self._stack.__exit__(*sys.exc_info())
             raise
         return self
 
     def __exit__(self, *exc) -> None:
-        """Release everything acquired."""
-        self._stack.close()
+        """Release everything acquired (the release callbacks see whether the fit failed)."""
+        self._stack.__exit__(*exc)
 
     def _acquire(self, stack: contextlib.ExitStack) -> None:
         """Each resource is registered for release as soon as it is held (last in, first out)."""
         self._payload = self._module_payload()
         self._dataset_payload = self.data.setup_payload(self.loop.seed)
         n_weights = sum(p.numel() for p in trainable(self.module))
-        self._shared = SharedBuffers.create(n_weights, dask.config.get("adadamp.shm-dir", shm.DEFAULT_DIR))
+        self._shared = SharedBuffers.create(
+            n_weights, dask.config.get("adadamp.shm-dir", shm.DEFAULT_DIR),
+            keep_data=float(dask.config.get(shm.KEEP_DATA, shm.KEEP_DATA_SECONDS)),
+        )
         if self._shared is not None:
-            stack.callback(self._shared.close)
+            shared = self._shared
+            stack.push(lambda failed, *_: shared.close(clean=failed is None))  # a clean fit keeps its data files
             arrays = self.data.shared_arrays()
             if arrays is not None and torch.device(self.device).type == "cpu":
                 self._shared.share_data(X=arrays[0], y=arrays[1])
