@@ -38,7 +38,8 @@ def _count_handlers(dask_scheduler=None, dask_worker=None) -> None:
 
         @functools.wraps(handler)  # Dask reads the handler's signature (``comm`` first, ``serializers``)
         def counted(*args, _op=op, _handler=handler, **kwargs):
-            _CALLS[CLUSTER_INFO if kwargs.get("keys") == ["cluster-manager-info"] else _op] += 1
+            info = list(kwargs.get("keys") or ()) == ["cluster-manager-info"]  # a list or, at times, a tuple
+            _CALLS[CLUSTER_INFO if info else _op] += 1
             return _handler(*args, **kwargs)
 
         counted._counted = True

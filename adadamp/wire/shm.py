@@ -270,6 +270,7 @@ class KeptData:
         self._root: str | None = None
         self._directory: str | None = None
         self._files: dict[str, str] = {}
+        self._timer: threading.Timer | None = None
 
     def keep(self, root: str, files: dict[str, str], seconds: float) -> None:
         """Move ``files`` (name: path, under ``root``) here for ``seconds``, dropping what was kept."""
@@ -285,9 +286,9 @@ class KeptData:
                     os.rename(path, os.path.join(directory, name))
                     moved[name] = os.path.join(directory, name)
             self._root, self._directory, self._files = root, directory, moved
-        timer = threading.Timer(seconds, self._expire, args=(directory,))
-        timer.daemon = True
-        timer.start()
+            self._timer = threading.Timer(seconds, self._expire, args=(directory,))
+            self._timer.daemon = True
+            self._timer.start()
 
     def take(self, root: str, name: str) -> str | None:
         """The kept file ``name`` under ``root``, now the caller's to move (None: nothing kept)."""
@@ -305,6 +306,9 @@ class KeptData:
                 self._drop()
 
     def _drop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
         self._root, self._directory, self._files = None, None, {}
