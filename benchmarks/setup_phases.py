@@ -210,7 +210,7 @@ def table(rows: list[dict], labels: list[tuple[str, int]], bar: float, args) -> 
         (f"# Phases of a whole `fit` ({args.workload}{', --quick' if args.quick else ''}, warm LocalCluster of 2 "
         "single-threaded workers)"),
         "",
-        (f"{len(rows)} fits; seconds; median and max over the consecutive fits of each backend. The bar for "
+        (f"{args.fits} fits per backend; seconds; median and max over each backend's consecutive fits. The bar for "
         f"non-update time: {bar:.3f} s (0.15 s + data bytes / 2 GB/s)."),
         "",
     ]
