@@ -111,14 +111,12 @@ def _write_private(path: str, a: np.ndarray, kept: str | None = None) -> None:
     fd = _take_kept(kept, path) if kept is not None else None
     if fd is None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        kept = None
     try:
         view = memoryview(a).cast("B") if a.nbytes else memoryview(b"\0")
         offset = 0
         while offset < len(view):
             offset += os.pwrite(fd, view[offset : offset + (64 << 20)], offset)
-        if kept is not None:
-            os.ftruncate(fd, len(view))
+        os.ftruncate(fd, len(view))  # a kept file may hold more: cut to this data (a new one: no-op)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -165,6 +163,7 @@ class SharedBuffers:
 
     def __init__(self, directory: str, size: int, keep_data: float = 0.0):
         self.directory, self.size, self.keep_data = directory, size, float(keep_data)
+        self.root = os.path.dirname(directory)
         self.token = uuid.uuid4().hex
         self._token_path = os.path.join(directory, "token")
         fd = os.open(self._token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -204,11 +203,10 @@ class SharedBuffers:
         """Copy the training data here once, for the workers on this machine to map (read-only)
         instead of each receiving its blocks over a socket.  Without the space: the sockets."""
         files = {}
-        root = os.path.dirname(self.directory)
         try:
             for name, a in (("X", X), ("y", y)):
                 path = os.path.join(self.directory, f"data-{name}")
-                _write_private(path, np.ascontiguousarray(a), KEPT_DATA.take(root, name))
+                _write_private(path, np.ascontiguousarray(a), KEPT_DATA.take(self.root, name))
                 files[name] = SharedFile(path, a.dtype.str, a.shape)
         except OSError as err:
             logger.warning("no shared memory for the training data (%s); it goes to the workers over sockets", err)
@@ -246,7 +244,7 @@ class SharedBuffers:
         """Remove the fit's directory (mappings stay valid until their arrays are gone); after a
         ``clean`` fit its data files are kept ``keep_data`` seconds first (:class:`KeptData`)."""
         if clean and self._data and self.keep_data > 0:
-            KEPT_DATA.keep(os.path.dirname(self.directory), {n: f.path for n, f in self._data.items()}, self.keep_data)
+            KEPT_DATA.keep(self.root, {n: f.path for n, f in self._data.items()}, self.keep_data)
         self._data = {}
         self.gradients.clear()
         self.maps_data.clear()

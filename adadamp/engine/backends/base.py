@@ -217,13 +217,11 @@ class Backend(abc.ABC):
         self._payload = self._module_payload()
         self._dataset_payload = self.data.setup_payload(self.loop.seed)
         n_weights = sum(p.numel() for p in trainable(self.module))
-        self._shared = SharedBuffers.create(
-            n_weights, dask.config.get("adadamp.shm-dir", shm.DEFAULT_DIR),
-            keep_data=float(dask.config.get(shm.KEEP_DATA, shm.KEEP_DATA_SECONDS)),
-        )
-        if self._shared is not None:
-            shared = self._shared
-            stack.push(lambda failed, *_: shared.close(clean=failed is None))  # a clean fit keeps its data files
+        root = dask.config.get("adadamp.shm-dir", shm.DEFAULT_DIR)
+        keep = float(dask.config.get(shm.KEEP_DATA, shm.KEEP_DATA_SECONDS))
+        self._shared = SharedBuffers.create(n_weights, root, keep_data=keep)
+        if self._shared is not None:  # a clean fit keeps its data files for the next
+            stack.push(lambda failed, *_, shared=self._shared: shared.close(clean=failed is None))
             arrays = self.data.shared_arrays()
             if arrays is not None and torch.device(self.device).type == "cpu":
                 self._shared.share_data(X=arrays[0], y=arrays[1])
