@@ -59,6 +59,27 @@ def client(session_client):
         yield session_client
 
 
+def fits_on_workers(client) -> set[str]:
+    """The ids of the fits the workers of ``client`` hold."""
+    from adadamp.worker import plugin
+
+    return {f for fits in client.run(lambda: list(plugin.TRAINER.fits)).values() for f in fits}
+
+
+@pytest.fixture
+def new_fits(client):
+    """The fits on the shared cluster's workers that this test made (a callable).
+
+    An earlier test's estimator that is not yet collected may still keep its call on the workers
+    (until its owner goes, or ``KEEP_SECONDS``): tests count only their own.
+    """
+    import gc
+
+    gc.collect()
+    earlier = fits_on_workers(client)
+    return lambda: fits_on_workers(client) - earlier
+
+
 @pytest.fixture(scope="session")
 def regression_data():
     """256 x 8 float32 regression data with standardized targets."""

@@ -246,7 +246,7 @@ if __name__ == "__main__":
 """
 
 
-def test_a_killed_clients_fit_is_dropped_by_the_workers_and_its_files_swept(client, tmp_path):
+def test_a_killed_clients_fit_is_dropped_by_the_workers_and_its_files_swept(client, new_fits, tmp_path):
     """A client SIGKILLed mid-fit releases nothing: the workers drop its model and data as soon as
     its channels close, and the next fit of this user removes its shared-memory directory."""
     script = tmp_path / "client.py"
@@ -256,7 +256,7 @@ def test_a_killed_clients_fit_is_dropped_by_the_workers_and_its_files_swept(clie
                             check=False, capture_output=True, text=True, timeout=120)
     assert killed.returncode == -signal.SIGKILL and "training" in killed.stdout, killed.stderr[-2000:]
     deadline = time.monotonic() + 10
-    while any(client.run(lambda: len(_worker.TRAINER.fits)).values()):
+    while new_fits():
         assert time.monotonic() < deadline, "the workers kept the killed client's fit"
         time.sleep(0.1)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("adadamp-")]  # left behind ...

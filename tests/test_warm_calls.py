@@ -17,20 +17,6 @@ from adadamp.exceptions import ConvergenceError
 from adadamp.worker import plugin as _worker
 
 
-def _all_fits_on_workers(client) -> set[str]:
-    return {f for fits in client.run(lambda: list(_worker.TRAINER.fits)).values() for f in fits}
-
-
-@pytest.fixture
-def fits(client):
-    """The fits on the workers that this test made: the shared cluster may still hold a call kept
-    by an estimator of an earlier test that is not yet collected (a kept call lives until its owner
-    goes, or ``KEEP_SECONDS``)."""
-    gc.collect()
-    earlier = _all_fits_on_workers(client)
-    return lambda: _all_fits_on_workers(client) - earlier
-
-
 def _mapped_on_workers(client, ids) -> list[bool]:
     return [v for vs in client.run(lambda: [s.data.shared for f, s in _worker.TRAINER.fits.items() if f in ids]).values()
             for v in vs]
@@ -45,45 +31,45 @@ def _weights(est):
     return torch.cat([p.detach().reshape(-1) for p in est.module_.parameters()]).numpy()
 
 
-def test_partial_fit_on_the_same_data_resumes_the_last_call(client, fits):
+def test_partial_fit_on_the_same_data_resumes_the_last_call(client, new_fits):
     X, y = _data()
     est = DaskClassifier(batch_size=32, random_state=0)
     est.partial_fit(X, y)
-    first = fits()
+    first = new_fits()
     assert len(first) == 1 and all(_mapped_on_workers(client, first))  # kept, on the data mapped from the client
     est.partial_fit(X, y)
     est.partial_fit(X.copy(), y.copy())  # equal contents: the same data
-    assert fits() == first  # nothing set up or placed again
+    assert new_fits() == first  # nothing set up or placed again
     # the three warm calls train as one fit of three epochs
     once = DaskClassifier(batch_size=32, random_state=0, max_epochs=3).fit(X, y)
     np.testing.assert_allclose(_weights(est), _weights(once), rtol=0, atol=1e-6)
-    assert fits() == first  # that fit kept nothing; this estimator's call is still kept
+    assert new_fits() == first  # that fit kept nothing; this estimator's call is still kept
 
     X2, y2 = _data(seed=1)
     est.partial_fit(X2, y2)  # other data: the kept call is released, a new one set up
-    second = fits()
+    second = new_fits()
     assert len(second) == 1 and second.isdisjoint(first)
     del est
     gc.collect()
-    assert fits() == set()  # released with the estimator
+    assert new_fits() == set()  # released with the estimator
 
 
-def test_fit_keeps_nothing_and_a_kept_call_expires(client, fits, monkeypatch):
+def test_fit_keeps_nothing_and_a_kept_call_expires(client, new_fits, monkeypatch):
     X, y = _data()
     DaskClassifier(batch_size=32, random_state=0, max_epochs=1).fit(X, y)
-    assert fits() == set()
+    assert new_fits() == set()
     monkeypatch.setattr(session, "KEEP_SECONDS", 0.5)
     est = DaskClassifier(batch_size=32, random_state=0).partial_fit(X, y)
-    assert len(fits()) == 1
+    assert len(new_fits()) == 1
     deadline = time.monotonic() + 10
-    while fits() and time.monotonic() < deadline:
+    while new_fits() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert fits() == set()
+    assert new_fits() == set()
     est.partial_fit(X, y)  # and the next call sets up again
     assert est.n_iter_ == 2
 
 
-def test_a_failed_call_releases_the_kept_one(client, fits):
+def test_a_failed_call_releases_the_kept_one(client, new_fits):
     X, y = _data()
     est = DaskClassifier(batch_size=32, random_state=0).partial_fit(X, y)
     before = _weights(est).copy()
@@ -92,11 +78,11 @@ def test_a_failed_call_releases_the_kept_one(client, fits):
     with pytest.raises(ValueError, match="infinity"):
         est.partial_fit(bad, y)  # refused before any cluster work: the kept call stays
     np.testing.assert_array_equal(_weights(est), before)
-    assert len(fits()) == 1
+    assert len(new_fits()) == 1
     est.set_params(optimizer__lr=1e12)
     with pytest.raises(ConvergenceError):
         est.partial_fit(X * 1e20, y)  # diverges: the call fails mid-training
-    assert fits() == set()  # whatever it had is released
+    assert new_fits() == set()  # whatever it had is released
 
 
 def _deleted_shared_mappings() -> int:
