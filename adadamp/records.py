@@ -245,23 +245,6 @@ class GroupReply:
 
 
 @dataclass
-class PrepareRequest:
-    """The arguments of the ``adadamp_prepare`` RPC: form, in the background, the all-reduce group
-    the client expects the next growth step to want (:meth:`adadamp.worker.replica.Replica.prepare`),
-    and keep it for ``seconds`` under ``label`` (its rendezvous keys: the fit's, then ``label``)."""
-
-    fit_id: str
-    label: str
-    rank: int
-    size: int
-    members: tuple[str, ...] = ()  # the group's workers in rank order
-    seconds: float = 0.0
-
-    def __post_init__(self):
-        self.members = tuple(self.members)
-
-
-@dataclass
 class CommitRequest:
     """The arguments of the ``adadamp_commit`` RPC: take an all-reduce fit's pending step
     (:meth:`adadamp.worker.replica.Replica.commit`)."""

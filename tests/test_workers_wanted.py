@@ -3,11 +3,9 @@ growing batch takes workers set up beforehand (item 1, "asked early enough": no 
 worker's set-up nor for a worker the schedule said it would need)."""
 
 import logging
-import os
 import time
 import types
 
-import dask
 import numpy as np
 import pytest
 import torch
@@ -174,38 +172,3 @@ def test_concurrent_fits_on_a_shared_cluster_take_different_workers(four):
         thread.join(60)
     assert len(first_worker) == 1 and len(both) == 2, (first_worker, both)
     assert set(_workers(first)) == {1}
-
-
-def _group_stats(client) -> dict[str, int]:
-    counts = client.run(lambda: dict(_worker.TRAINER.stats))
-    return {k: sum(c.get(k, 0) for c in counts.values()) for k in ("groups_prepared", "groups_reused", "groups_formed")}
-
-
-def test_an_all_reduce_growth_takes_the_group_formed_while_it_trained(four):
-    """The workers a growing batch will want wait on standby, set up; the group of the next growth
-    step (the current members and them) forms meanwhile, in the background, so the step takes it
-    over (a handshake and the state's broadcast) instead of forming it; the result is the same as
-    when each step forms its group."""
-    X, y = _data(1024)
-    params = {"client": four, "backend": "allreduce", "module": SlowMLP, "grads_per_worker": 16, "max_workers": 4,
-              "batch_size": GeoDamp(initial=16, delay=2, factor=2), "max_epochs": 5, "random_state": 0}
-    with dask.config.set({"adadamp.allreduce.keep-group": 0}):  # no group kept from an earlier fit to take
-        # every worker imports this module and builds its first optimizer once (seconds: longer than the
-        # epoch a standby worker is set up in) before the fit measured
-        DaskClassifier(client=four, backend="allreduce", module=SlowMLP, min_workers=4, max_epochs=1).fit(X[:64], y[:64])
-        before = _group_stats(four)
-        est = DaskClassifier(**params).fit(X, y)
-        prepared = {k: v - before[k] for k, v in _group_stats(four).items()}
-        assert [row["n_workers"] for row in est.history_] == [1, 1, 2, 2, 4]
-        # 1 -> 2 and 2 -> 4 workers: each growth took a group every member had formed beforehand
-        assert prepared["groups_prepared"] == 2 + 4 and prepared["groups_reused"] == 2 + 4, prepared
-        with dask.config.set({"adadamp.allreduce.prepare-groups": False}):
-            before = _group_stats(four)
-            formed = DaskClassifier(**params).fit(X, y)
-            assert {k: v - before[k] for k, v in _group_stats(four).items()}["groups_prepared"] == 0
-    for a, b in zip(est.module_.parameters(), formed.module_.parameters()):
-        assert torch.equal(a, b)
-    # a group's threads take the scheduling of the thread that forms it: prepared ones form under the
-    # compute thread's (on another, a small model's all-reduce took 20 % longer)
-    policies = four.run(lambda: _worker.TRAINER.preparer.submit(os.sched_getscheduler, 0).result())
-    assert set(policies.values()) == {os.SCHED_BATCH}

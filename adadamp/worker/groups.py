@@ -9,10 +9,6 @@ the members in rank order, for ``seconds``; the next fit's set-up reply offers i
 (:meth:`KeptGroup.offer`), and a client whose members all offer the same group, in the same rank
 order, reuses it instead of forming one (:meth:`~adadamp.worker.replica.Replica.join`).
 
-A running all-reduce fit also keeps here the group it prepared for its next growth step (the
-current members and the workers waiting on standby, formed in the background:
-:meth:`~adadamp.worker.replica.Replica.prepare`), which that step takes over the same way.
-
 One group at most per worker process: a member that forms another group (the membership
 changed, a member died or was replaced) drops the kept one, as does the worker's event loop when
 no fit took it in time (its client went away).  A group is only ever used by the fit that took
@@ -107,13 +103,10 @@ def take(key: str, members: tuple[str, ...], timeout: float) -> KeptGroup | None
         return kept
 
 
-def drop(prefix: str = "") -> None:
-    """Drop the kept group (this worker joins another group, or tests); with ``prefix``, only if its
-    key starts with it (a fit's own group, prepared for a growth step that did not come)."""
+def drop() -> None:
+    """Drop the kept group (this worker joins another group, or tests)."""
     global _KEPT
     with _LOCK:
-        if _KEPT is None or not _KEPT.key.startswith(prefix):
-            return
         kept, _KEPT = _KEPT, None
     _release(kept)
 

@@ -40,7 +40,6 @@ from ..records import (
     CommitRequest,
     GradientReply,
     GroupRequest,
-    PrepareRequest,
     ReleaseReply,
     ReleaseRequest,
     SetupReply,
@@ -59,8 +58,7 @@ from .state import FitState
 
 __all__ = ["TrainerPlugin"]
 
-HANDLERS = ("adadamp_setup", "adadamp_data", "adadamp_gradient", "adadamp_release", "adadamp_group", "adadamp_prepare",
-            "adadamp_commit")
+HANDLERS = ("adadamp_setup", "adadamp_data", "adadamp_gradient", "adadamp_release", "adadamp_group", "adadamp_commit")
 INLINE_SECONDS = 0.1  # gradients faster than this run on the worker's event loop
 IDLE_SECONDS = IDLE_TIMEOUT  # a fit with no request for this long is dropped (its client is gone)
 
@@ -114,19 +112,13 @@ class Trainer:
     def __init__(self):
         self.fits: dict[str, FitState] = {}
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adadamp-compute")
-        # groups prepared for a growth step form here, beside the fit's compute; a group's threads
-        # take the scheduling of the thread that forms it, so this one's is the compute thread's
-        # (formed on another thread, a group's all-reduce of a small model took 20 % longer)
-        self.preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adadamp-prepare",
-                                           initializer=_compute_thread_start)
         self.worker = None  # the Dask worker, once the plugin is set up
         self.host: str | None = None  # where this worker's channels listen (tcp:// workers)
         self.nthreads = 1
         #: What this process's set-ups used, counted for tests and diagnostics (``client.run``):
         #: ``setups``; ``shared_weights`` and ``shared_data`` (the client's shared memory mapped);
         #: ``channels`` (a gradient channel opened); all-reduce groups ``groups_formed`` and
-        #: ``groups_reused`` (kept from an earlier fit, or prepared before a growth step),
-        #: ``groups_prepared`` (formed ahead of a growth step), ``state_broadcasts`` (rank 0's state sent).
+        #: ``groups_reused`` (kept from an earlier fit), ``state_broadcasts`` (rank 0's state sent).
         self.stats: collections.Counter = collections.Counter()
 
     def attach(self, worker) -> None:
@@ -306,17 +298,6 @@ class Trainer:
         self.stats.update(groups_formed=int(not reply.reused), groups_reused=int(reply.reused),
                           state_broadcasts=int(reply.broadcast))
         return to_message(reply)
-
-    async def adadamp_prepare(self, **message) -> dict:
-        """Form the group an all-reduce fit expects next and keep it for the growth step that wants
-        it (``message``: a :class:`~adadamp.records.PrepareRequest`; replies with the seconds it
-        took).  On a thread of its own (``preparer``): the fit goes on training on this worker meanwhile."""
-        r = PrepareRequest(**message)
-        replica = self.fits[r.fit_id].replica
-        seconds = await asyncio.get_running_loop().run_in_executor(
-            self.preparer, replica.prepare, r.label, r.rank, r.size, r.members, r.seconds)
-        self.stats.update(groups_prepared=1)
-        return {"seconds": seconds}
 
     async def adadamp_commit(self, **message) -> dict:
         """Take an all-reduce fit's pending step (and the client's param groups); the replica's

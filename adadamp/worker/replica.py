@@ -349,23 +349,6 @@ class Replica:
         self._drop_group(abort=True)  # also when no group was built: the peers still wait in the rendezvous
         raise CollectiveError(f"forming generation {generation} failed on rank {rank}: {failure}")
 
-    def prepare(self, label: str, rank: int, size: int, members: tuple[str, ...], seconds: float) -> float:
-        """Form the group the client expects the next growth step to want (``members`` in rank
-        order: this fit's current group, then the workers waiting on standby) while the fit goes on
-        training, and keep it for ``seconds`` (:mod:`adadamp.worker.groups`) under the key
-        ``fit_id/label``; :meth:`join` takes it over after a handshake, so the growth step only
-        hands the state to the joiners.  Returns the seconds forming took.
-
-        Runs on a thread of its own, without the fit's lock: the replica's current group is not
-        touched (a separate gloo context, with its own rendezvous keys).  Gloo only (the client
-        asks for no other)."""
-        start = time.perf_counter()
-        store = SchedulerStore(self.worker, (self.fit_id, label), self.timeout.total_seconds())
-        group = gloo_group(store, rank, size, get_address_host(self.worker.address), self.timeout)
-        groups.keep(groups.KeptGroup(f"{self.fit_id}/{label}", group, store, tuple(members), rank,
-                                     self.timeout.total_seconds()), seconds, loop=self.worker.loop)
-        return time.perf_counter() - start
-
     def _handshake(self) -> None:
         """Check, over a group kept from an earlier fit, that every member took it for this fit and
         generation (two fits that both found it kept could each have taken it on some members):
@@ -643,9 +626,8 @@ class Replica:
                     groups.keep(groups.KeptGroup(f"{self.fit_id}/{self.generation}", *held, self._members, self.rank,
                                                  self.timeout.total_seconds()), self._keep,
                                 loop=None if self.worker is None else self.worker.loop)
-                else:  # not kept: let it go off the fit's release, with a group prepared for it
+                else:  # not kept: let it go off the fit's release
                     groups.release(held)
-                    groups.drop(prefix=f"{self.fit_id}/")
         finally:
             if idle:
                 self.state.lock.release()

@@ -71,7 +71,6 @@ from ...records import (
     CommitReply,
     CommitRequest,
     GroupRequest,
-    PrepareRequest,
     ReplicaSettings,
     SetupReply,
     SetupRequest,
@@ -82,7 +81,7 @@ from ...wire.batches import BatchPlan
 from ...wire.optimizer_plan import apply_plan, group_settings
 from ...wire.parameters import flatten_parameters, float_buffers
 from ...wire.rpc import rpc_call
-from ...worker.replica import ABORT, collective_backend, dump_state, load_state
+from ...worker.replica import ABORT, dump_state, load_state
 from ..aggregation import Totals
 from ..speeds import lost_after
 from ..transport import LOST
@@ -97,10 +96,6 @@ _NO_INDICES = np.zeros(0, dtype=np.int64)
 ALLOW_PLAINTEXT = "adadamp.allreduce.allow-plaintext"
 #: dask config key: seconds the workers keep a fit's group for the next fit on them (0: neither kept nor taken over).
 KEEP_GROUP = "adadamp.allreduce.keep-group"
-#: dask config key: form the group of the next growth step in the background (False: at the step).
-PREPARE_GROUPS = "adadamp.allreduce.prepare-groups"
-#: Seconds the workers keep a group prepared for a growth step that has not come (an epoch or more ahead).
-PREPARED_SECONDS = 600.0
 
 
 def check_plaintext(client: Client) -> None:
@@ -161,17 +156,6 @@ class _Forming:
     calls: list
     reuse: str | None
     t0: float
-    prepared: bool = False  # reuse names the group prepared for this growth step
-
-
-@dataclasses.dataclass
-class _Prepared:
-    """A group being formed in the background for the next growth step: its workers in rank order,
-    its label (``adadamp_prepare``) and the calls' future."""
-
-    members: tuple[str, ...]
-    label: str
-    replies: concurrent.futures.Future
 
 
 class AllReduce(Backend):
@@ -195,9 +179,6 @@ class AllReduce(Backend):
         self._kept: dict[str, dict | None] = {}  # the group each worker's set-up offered (kept by an earlier fit)
         self._keep_seconds = float(dask.config.get(KEEP_GROUP, 60.0))
         self._layouts: dict[str, tuple[int, ...]] = {}  # the batch plans' layout each member last heard
-        self._prepared: _Prepared | None = None  # the group formed ahead of the next growth step
-        self._n_prepared = 0
-        self._prepare = bool(dask.config.get(PREPARE_GROUPS, True)) and collective_backend(self.device) == "gloo"
 
     # ------------------------------------------------------------------ set-up
     def _acquire(self, stack: contextlib.ExitStack) -> None:
@@ -265,8 +246,7 @@ class AllReduce(Backend):
                 restore = self._client_state()
         # group rank 0 is a replica of the last generation (or holds the committed state)
         order = current + [w for w in workers if w not in current]
-        prepared = self._take_prepared(order)
-        reuse = prepared or self._reusable(order)
+        reuse = self._reusable(order)
         # every member set up from the state the fit is at: rank 0 has nothing to send them
         broadcast = bool(current) or restore is not None or self._step_owed is not None or any(
             self._set_up_at.get(w) != self.loop.n_updates for w in order)
@@ -278,7 +258,7 @@ class AllReduce(Backend):
                      serialized=("step",))
             for rank, w in enumerate(order)
         ]
-        return _Forming(workers, order, calls, reuse, time.perf_counter(), prepared is not None)
+        return _Forming(workers, order, calls, reuse, time.perf_counter())
 
     def _group_formed(self, forming: _Forming, replies: list) -> tuple[bool | None, list[str]]:
         """Take the ``adadamp_group`` replies: the group is formed, or None and the workers lost
@@ -287,9 +267,8 @@ class AllReduce(Backend):
         dead, broken = triage(self.members, order, replies, collectives=True)  # the hung left out, as in an update
         if not dead and not broken:
             self._group, self._current, self._step_owed = forming.workers, set(forming.workers), None
-            how = ("formed" if forming.reuse is None else "taken over, prepared meanwhile" if forming.prepared
-                   else "taken over from an earlier fit")
-            logger.info("all-reduce group %d %s: %d workers in %.3f s", self.generation, how, len(order),
+            logger.info("all-reduce group %d %s: %d workers in %.3f s", self.generation,
+                        "formed" if forming.reuse is None else "taken over from an earlier fit", len(order),
                         time.perf_counter() - forming.t0)
             return True, []
         lost = [order[k] for k in sorted(dead + broken)]
@@ -319,36 +298,6 @@ class AllReduce(Backend):
         if failed:
             self._group = None
         return failed
-
-    def _prepare_next(self) -> None:
-        """While the fit trains on this group, form the group its next growth step will want (this
-        group's workers, then the workers set up and waiting on standby, in the rank order
-        :meth:`_group_calls` will give them): the step then takes it over (a handshake and the
-        state's broadcast) instead of forming it (a rendezvous and gloo's connections between
-        every pair of members, the most of a growth step: 71 ms of 119 for 4 -> 8 workers on 2
-        cores, against 41 ms for the next updates).  A prepared group the step does not match
-        (other workers came or went) is left to expire; the step forms its own."""
-        standby = list(self.members.standby)
-        if not (self._prepare and standby and self._group == self.workers):
-            return
-        order = (*self.workers, *standby)
-        if self._prepared is not None and self._prepared.members == order:
-            return
-        self._n_prepared += 1
-        label = f"prepared-{self._n_prepared}"
-        calls = [rpc_call(w, "adadamp_prepare", PrepareRequest(self.fit_id, label, rank, len(order), order,
-                                                               PREPARED_SECONDS))
-                 for rank, w in enumerate(order)]
-        self._prepared = _Prepared(order, label, self.transport.call_all_later(calls))
-
-    def _take_prepared(self, order: list[str]) -> str | None:
-        """The key of the group prepared for ``order``, if every member formed it (tried once)."""
-        prepared, self._prepared = self._prepared, None
-        if prepared is None or prepared.members != tuple(order) or not prepared.replies.done():
-            return None
-        if any(isinstance(r, BaseException) for r in prepared.replies.result()):
-            return None
-        return f"{self.fit_id}/{prepared.label}"
 
     def _reusable(self, order: list[str]) -> str | None:
         """The key of the group an earlier fit left on the workers, if every member of ``order``
@@ -468,7 +417,6 @@ class AllReduce(Backend):
 
         def one_round(_k: int) -> tuple[Totals | None, list[str]]:
             self._ensure_group()
-            self._prepare_next()
             lp, placement = self.loop, self.placement
             counts = dict.fromkeys(range(placement.n_shards), 0)
             counts.update({g: len(sub) for g, sub in placement.shards(batch.idx)})
