@@ -166,14 +166,17 @@ def _record(batch, workers, compute, other):
     return UpdateRecord(batch, 0.1, workers, 1.0, compute, other, 0.0, 0.0, 0.0, compute + other)
 
 
-def _drive(d, n_updates, stats, timing, budget=8, arrive=True, n_data=100_000, warm=False):
+def _drive(d, n_updates, stats, timing, budget=8, arrive=True, n_data=100_000, warm=False, end=None):
     """Run ``d`` as the engine does for ``n_updates`` updates on a cluster whose workers arrive
     when asked for (``arrive``) or never, or are all running from the start (``warm``); returns
-    (batch, workers) per update."""
+    (batch, workers) per update.  ``end``: a ``fit`` of that many epochs, the updates spread evenly
+    over them (else ``partial_fit`` calls in epoch 0)."""
     d.reset(n_data)
     live, seen = 1, []
     for t in range(n_updates):
-        state = TrainState(t, 0, 0.0, n_data, live, max_workers=budget, available_workers=budget if warm else None)
+        epoch = 0.0 if end is None else end * t / n_updates
+        state = TrainState(t, 0, epoch, n_data, live, max_workers=budget, available_workers=budget if warm else None,
+                           end_epoch=end)
         batch = d.next_batch_size(state)
         workers = d.workers_for(batch) or 1
         if arrive:  # the cluster was asked for the coming batch's workers
@@ -310,6 +313,20 @@ def test_learning_rate_cools_down_before_the_end_of_a_fit_call_only():
     assert factors(d, [4.0, 4.9], end=None) == [1.0, 1.0]  # partial_fit: no end known
     assert factors(d, [4.0, 6.0, 7.25], end=8.0) == pytest.approx([1, 1, 0.5])  # warm start: 4 -> 8
     assert factors(Goodput(cooldown=0.0).reset(100), [3.9], end=4.0) == [1.0]
+
+
+def test_the_choice_stands_during_the_cool_down():
+    """All noise keeps growing the batch and the workers, but not once the learning rate cools down:
+    it no longer follows the gain the efficiency assumes (and a change would not pay before the end)."""
+    def grown(cooldown):
+        d = Goodput(initial=32, interval=10, max_factor=1.5, cooldown=cooldown)
+        seen = _drive(d, 60, _pure_noise, lambda b, w: (0.01 + 1e-5 * math.ceil(b / w), 0.001), warm=True, end=4.0)
+        return seen, {t for t, _ in _changes(seen)[1:]}
+
+    seen, changed = grown(0.5)  # the cool-down starts at epoch 2, update 30
+    assert changed and max(changed) <= 30 and set(seen[30:]) == {seen[30]}
+    _, changed = grown(0.0)  # without one, the growth goes on
+    assert max(changed) > 30
 
 
 @pytest.mark.parametrize(
