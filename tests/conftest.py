@@ -2,6 +2,7 @@
 SLURM of ``tests/slurm`` (``slurm``), the emulated hosts of ``tests/netbed`` (``netbed_ready``), and a check for processes a test left behind."""
 
 import contextlib
+import gc
 import logging
 import os
 import subprocess
@@ -73,8 +74,6 @@ def new_fits(client):
     An earlier test's estimator that is not yet collected may still keep its call on the workers
     (until its owner goes, or ``KEEP_SECONDS``): tests count only their own.
     """
-    import gc
-
     gc.collect()
     earlier = fits_on_workers(client)
     return lambda: fits_on_workers(client) - earlier

@@ -423,9 +423,8 @@ class Goodput(BaseDamper):
         if planned is not None and (_available(state) >= planned[1] or self.waited_ >= WORKER_WAIT):
             self._switch(*planned)  # the workers asked for are there (or are not coming soon)
             self.planned_, self.evaluated_at_ = None, state.n_updates
-        elif self._cooldown(state) < 1.0:
-            pass  # cooling down: the learning rate no longer follows the gain the efficiency assumes
-        elif (self.exploring_ and planned is None) or state.n_updates - self.evaluated_at_ >= self.interval:
+        elif self._cooldown(state) == 1.0 and (  # cooling down, the choice stands (see the docstring)
+                (self.exploring_ and planned is None) or state.n_updates - self.evaluated_at_ >= self.interval):
             self._evaluate(state)
         return self.batch_size_
 
