@@ -16,11 +16,14 @@ from adadamp.dampers import AdaScale, GeoDamp
 # sha256 of the trained parameters (float32 bytes, in parameters() order), per CPU capability:
 # float kernels differ between instruction sets, the arithmetic of the engine does not.
 # Machines of one capability may still differ (kernel choice by CPU model or library build): each
-# set below came from an unchanged engine on one of this project's machines.
+# set below came from an unchanged engine on one of this project's machines.  AdaScale's statistics
+# changed on purpose since (a batch of several shards takes each shard's gradient as a sample, not
+# each share's halves): its fit was pinned again on the first machine; None where the machine that
+# gave a set was not at hand to pin it again (the set's other fits still hold there).
 PINNED = {
     "AVX512": [
-        {"geodamp-sgd": "c74675c8defd523a", "adascale-dropout": "a9df425211c39198", "adam-constant": "a74dc062fdccd064"},
-        {"geodamp-sgd": "04c624d3098c3be6", "adascale-dropout": "7f621a9a4a948ec1", "adam-constant": "fdbf17287439054f"},
+        {"geodamp-sgd": "c74675c8defd523a", "adascale-dropout": "7fbcfe780fd38233", "adam-constant": "a74dc062fdccd064"},
+        {"geodamp-sgd": "04c624d3098c3be6", "adascale-dropout": None, "adam-constant": "fdbf17287439054f"},
     ],
 }
 
@@ -73,4 +76,4 @@ def test_weights_are_pinned(client, transport):
         got = _fits()
     if capability not in PINNED:
         pytest.skip(reason=f"checksums are pinned for CPU capabilities {sorted(PINNED)}, not {capability}: {got}")
-    assert got in PINNED[capability]
+    assert any(all(v is None or got[k] == v for k, v in pinned.items()) for pinned in PINNED[capability]), got

@@ -38,14 +38,14 @@ def _mlp(batch_norm=False):
 
 def test_statistics_do_not_change_the_gradient():
     state = _fit_state(_mlp(), nn.MSELoss())
-    plain, g_plain = _gradient(state, range(10), n_chunks=1)
+    plain, g_plain = _gradient(state, range(10), n_chunks=0)
     stats, g_stats = _gradient(state, range(10), n_chunks=2)
     np.testing.assert_array_equal(g_stats, g_plain)  # bitwise: one forward, one backward of the same loss
     assert plain.loss_sum == stats.loss_sum and stats.n_chunks == 2
     # the statistic itself: ||G_1||^2 / 5 + ||G_2||^2 / 5 from separate per-half gradients
     halves = []
     for part in (range(5), range(5, 10)):
-        _, g = _gradient(state, part, n_chunks=1)
+        _, g = _gradient(state, part, n_chunks=0)
         halves.append(g.astype(np.float64))
     expected = sum(float(g @ g) / 5 for g in halves)
     assert stats.chunk_sq_norm_sum == pytest.approx(expected, rel=1e-5)
@@ -55,7 +55,7 @@ def test_batch_norm_sees_the_share_once():
     module = _mlp(batch_norm=True)
     state = _fit_state(module, nn.MSELoss())
     before = [b.clone() for b in state.buffers]
-    _, g_plain = _gradient(state, range(12), n_chunks=1)
+    _, g_plain = _gradient(state, range(12), n_chunks=0)
     after_plain = [b.clone() for b in state.buffers]
     for b, v in zip(state.buffers, before):
         b.copy_(v)
@@ -63,6 +63,20 @@ def test_batch_norm_sees_the_share_once():
     np.testing.assert_array_equal(g_stats, g_plain)  # it differed by 45% with a backward per half
     for b, v in zip(state.buffers, after_plain):  # running statistics advanced once, as without statistics
         assert torch.equal(b, v)
+
+
+def test_a_share_asked_for_one_chunk_is_one_sample_without_the_extra_backward(monkeypatch):
+    """A batch cut into several shards: each shard's gradient is one sample (as fairscale and adaptdl
+    take each replica's), its squared norm per example, with no second backward pass."""
+    state = _fit_state(_mlp(), nn.MSELoss())
+    plain, g_plain = _gradient(state, range(10), n_chunks=0)
+    halves = []
+    monkeypatch.setattr(gradient, "_first_half_gradient", lambda *a: halves.append(a) or 1 / 0)
+    one, g_one = _gradient(state, range(10), n_chunks=1)
+    np.testing.assert_array_equal(g_one, g_plain)
+    g64 = g_one.astype(np.float64)
+    assert (one.n_chunks, halves) == (1, []) and plain.n_chunks == 0
+    assert one.chunk_sq_norm_sum == pytest.approx(float(g64 @ g64) / 10, rel=1e-6)
 
 
 def test_a_one_example_share_is_a_chunk():
@@ -169,7 +183,8 @@ def _halving(t):
 
 def test_radadamp_gets_the_norm_without_the_workers_extra_backward(client, monkeypatch):
     """RadaDamp reads only ||g||^2, which the client computes from the summed gradient: the workers
-    are asked for one chunk (no second backward pass); AdaScale's per-chunk sums still get two."""
+    are asked for no chunk statistics (no second backward pass); AdaScale's per-chunk sums get two
+    per share on one shard, and one per shard (no second backward either) on several."""
     from adadamp.engine.transport import Transport
 
     asked = []
@@ -180,8 +195,13 @@ def test_radadamp_gets_the_norm_without_the_workers_extra_backward(client, monke
     X, y = X.astype(np.float32), (y / y.std()).astype(np.float32)
     est = DaskRegressor(batch_size=RadaDamp(initial=8, wait=2), optimizer=torch.optim.SGD, max_epochs=2,
                         random_state=0).fit(X, y)
-    assert set(asked) == {1} and est.damper_.initial_loss_ is not None  # statistics arrived all the same
+    assert set(asked) == {0} and est.damper_.initial_loss_ is not None  # statistics arrived all the same
     asked.clear()
     DaskRegressor(batch_size=AdaScale(batch_size=32, base_batch_size=8), optimizer=torch.optim.SGD, max_epochs=1,
                   random_state=0).fit(X, y)
     assert set(asked) == {2}
+    asked.clear()
+    est = DaskRegressor(batch_size=AdaScale(batch_size=32, base_batch_size=8), optimizer=torch.optim.SGD, max_epochs=1,
+                        random_state=0, grads_per_worker=16).fit(X, y)
+    assert set(asked) == {1} and {u["n_workers"] for row in est.history_ for u in row["updates"]} == {2}
+    assert est.damper_.n_estimates_ == len(asked) and est.damper_.gain_ > 1  # every update was a sample

@@ -95,9 +95,12 @@ class AdaScale(BaseDamper):
     -----
     Workers must return per-chunk statistics (``needs_grad_stats``); with a
     single chunk no estimate is possible (one backward over many examples is
-    one sample, fairscale ``test_loss_accum_cpu``).  Each worker's share is
-    two chunks (one if it is a single example), computed from the share's
-    one forward pass, so the statistics never change the trained gradient.  AdaScale is defined for
+    one sample, fairscale ``test_loss_accum_cpu``).  A batch cut into several
+    shards (several workers) gives one chunk per shard, as fairscale and
+    adaptdl take one sample per replica; a batch of one shard gives two, its
+    halves (one extra backward pass; one chunk for a single example).  Both
+    come from the share's one forward pass, so the statistics never change the
+    trained gradient.  AdaScale is defined for
     SGD with or without momentum; for Adam and its variants use :class:`AdamScale`.
 
     Examples

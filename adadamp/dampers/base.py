@@ -169,7 +169,8 @@ class BaseDamper(BaseEstimator):
     #: The gradient statistics :meth:`plan_update` reads: None (none, ``stats`` is None),
     #: ``"norm"`` (``GradStats.grad_sq_norm`` only: the client computes it from the summed
     #: gradient, at no cost to the workers; RadaDamp) or ``"chunks"`` (also the per-chunk
-    #: sums: one extra backward pass of half a share on each worker; AdaScale).  ``True``
+    #: sums: a squared norm per shard, or, for a batch of one shard, one extra backward pass
+    #: over half of it; AdaScale).  ``True``
     #: means ``"chunks"``.
     needs_grad_stats: str | bool | None = None
     #: The batch size follows the workers the cluster has (elastic DynamicSGD): the

@@ -52,7 +52,7 @@ def share_gradient(
     then the ``ahead`` examples of the next shares (keys ``epoch * n + index``) start loading.  Returns numpy arrays
     (``grad`` is None when it went to shared memory, unless ``in_reply``: this worker computes
     several shards of the update, and the next one's gradient overwrites that memory) and the
-    example count, the loss sum, the examples' digest and, with ``n_chunks > 1``, the chunk
+    example count, the loss sum, the examples' digest and, with ``n_chunks`` (:func:`gradient_sum`), the chunk
     statistics AdaScale needs.
     """
     with state.lock:
@@ -126,6 +126,7 @@ def shards_sum(
     running = torch.zeros(sum(b.numel() for b in state.buffers)) if state.buffers else None
     if state.fuse and state.draws is False and len(parts) > 1:
         parts = np.array([[parts[0, 0], parts[:, 1].sum()]], dtype=np.int64)
+        n_chunks = 2 if n_chunks else 0  # the shards' samples, one pass: its halves instead
     offset = 0
     for i, (seed, count) in enumerate(parts.tolist()):
         if i and start is not None:
@@ -161,24 +162,27 @@ def gradient_sum(
     """Accumulate the gradient SUM over ``X, y`` into ``state.grads`` (zeroed first, unless
     ``accumulate``: a replica's next shard of the same update adds its sum to the last's).
 
-    Returns ``(n, weight, loss_sum, chunk_sq_norm_sum, n_chunks)``: with ``n_chunks > 1`` the
-    share is two chunks and the sum of their squared gradient norms (per example) is what
-    AdaScale's estimator needs (Johnson et al. 2020; docs/guide/dampers.rst).  An empty share adds nothing.
+    Returns ``(n, weight, loss_sum, chunk_sq_norm_sum, n_chunks)``.  ``n_chunks`` asks for the
+    statistics AdaScale's estimator needs (Johnson et al. 2020; docs/guide/dampers.rst), the
+    squared gradient norms per example of the share's chunks: 0 none; 1 the share is one chunk
+    (free: when the batch is cut into several shards, each shard's gradient is one sample, as
+    fairscale and adaptdl take each replica's); 2 its two halves (one extra backward pass, so that
+    a batch of a single shard still gives two samples).  An empty share adds nothing.
     """
     n = len(X)
     if not accumulate:
         state.grads.zero_()
     if n == 0:
         return 0, 0.0, 0.0, 0.0, 0
-    before = state.grads.double() if accumulate and n_chunks > 1 else None  # the statistics are this share's
+    before = state.grads.double() if accumulate and n_chunks else None  # the statistics are this share's
     out = _seeded_forward(state, X, seed)  # one forward: BatchNorm sees the share once
     loss, weight = _loss_sum(state.criterion, out, y, n)
     first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
     loss.backward()  # the trained gradient: the same with or without statistics
     sq_sum, n_stat_chunks = 0.0, 0
-    if n_chunks > 1:  # AdaScale's statistics: every share is a chunk
+    if n_chunks:  # AdaScale's statistics: the share is a chunk, or its halves are
         whole = state.grads.double() if before is None else state.grads.double() - before
-        if first is None:  # a one-example share: one chunk
+        if first is None:  # one chunk asked for, or a one-example share
             sq_sum, n_stat_chunks = float(whole.square().sum()) / n, 1
         else:
             m = n // 2

@@ -472,7 +472,7 @@ class Replica:
                 raise RuntimeError(f"replica at update {self.applied} asked for update {update}")
             indices, parts, ahead = self._examples_of(plan, epoch, update)
             X, y = examples(state, indices, epoch, ahead)
-            overlap = n_chunks <= 1 and self.size > 1  # chunk statistics need the local sum first
+            overlap = not n_chunks and self.size > 1  # chunk statistics need the local sum first
             before = flat_buffers(state.buffers) if state.buffers else None  # what a failed update leaves
             try:
                 sums, running = self._shard_sums(X, y, n_chunks, parts, overlap, before)
