@@ -493,9 +493,8 @@ class Backend(abc.ABC):
         if self.data.reads_ahead:  # the next batches, if they are as large: loaded meanwhile
             ahead = self.sampler.peek(batch_size, PREFETCH_BATCHES)[: self.loop.n_data]
         need = self.damper.stats_level()  # "norm" is computed from the summed gradient
-        n_chunks = 0
-        if need == "chunks":  # a batch cut into several shards: each is a sample, else a share's halves
-            n_chunks = 1 if (self.n_shards or 1) > 1 and len(idx) > 1 else 2
+        # chunk statistics: each shard is a sample when the batch is cut into several, else a share's halves
+        n_chunks = 0 if need != "chunks" else 1 if (self.n_shards or 1) > 1 and len(idx) > 1 else 2
         return Batch(state, idx, epoch, ahead, need, n_chunks, start, batch_size)
 
     def _worker_budget(self, running: int) -> int:
