@@ -570,6 +570,50 @@ def test_buckets_launch_in_order_during_the_backward_pass():
     buckets.close()
 
 
+def test_buckets_read_the_chunk_statistics_before_their_all_reduce():
+    """AdaScale's statistics (each member's own gradient) do not hold the all-reduce back: two
+    members (threads, a real gloo group of two) launch every bucket during the backward pass, and
+    each statistic is that member's local gradient, not the all-reduced sum."""
+    import threading
+
+    from adadamp.wire.parameters import flatten_parameters
+    from adadamp.worker.gradient import ChunkStatistic
+
+    store, results = dist.HashStore(), {}
+
+    def member(rank):
+        torch.manual_seed(0)  # the same weights on both
+        module = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        _, grads = flatten_parameters(module)
+        buckets = Buckets(list(module.parameters()), grads, bucket_bytes=64 * 8 * 4, first_bytes=4 * 65 * 4)
+        group = dist.ProcessGroupGloo(store, rank, 2, datetime.timedelta(seconds=30))
+        X = torch.randn(6, 8, generator=torch.Generator().manual_seed(rank + 1))
+        grads.zero_()
+        module(X).square().sum().backward()
+        local = grads.double().clone()  # the member's own gradient sum, computed without buckets
+        grads.zero_()
+        statistic = ChunkStatistic(grads, 6, None, None)
+        buckets.start(group, statistic)
+        module(X).square().sum().backward()
+        launched = buckets.launched
+        buckets.finish(lambda work: work.wait())  # the all-reduce is done: the statistic was read before
+        results[rank] = (launched, len(buckets.ranges), statistic.total(), local, grads.double().clone())
+        buckets.close()
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    (l0, n0, s0, g0, sum0), (l1, n1, s1, g1, sum1) = results[0], results[1]
+    assert l0 == n0 > 1 and l1 == n1 > 1  # every bucket left during the backward pass
+    assert s0 == pytest.approx(float(g0.square().sum()) / 6, rel=1e-9)
+    assert s1 == pytest.approx(float(g1.square().sum()) / 6, rel=1e-9)
+    assert s0 != pytest.approx(s1, rel=1e-3)  # the two members' own, not the sum's
+    torch.testing.assert_close(sum0, g0 + g1, rtol=1e-5, atol=1e-6)  # and the sum was all-reduced
+    torch.testing.assert_close(sum1, sum0)
+
+
 def test_device_placement_picks_nccl_for_cuda_and_gloo_otherwise():
     """The CUDA path (NCCL) cannot run here (no GPU); what it chooses is checked on the CPU."""
     assert collective_backend("cpu") == "gloo"

@@ -17,6 +17,7 @@ import torch
 from ..exceptions import ShareTooSmallError
 from ..records import GradientReply, examples_digest
 from ..sample_weight import SampleWeightedLoss
+from ..wire.parameters import exact_squared_norm
 from ..wire.seeding import generator_state, seeded
 from .state import FitState
 
@@ -107,7 +108,7 @@ def _reply_buffers(state: FitState, running: torch.Tensor | None, n: int) -> np.
 
 def shards_sum(
     state: FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, parts: np.ndarray,
-    start: torch.Tensor | None, before_last: Callable[[], None] | None = None,
+    start: torch.Tensor | None, before_last: Callable[[ChunkStatistic | None], None] | None = None,
 ) -> tuple[list[float], torch.Tensor | None]:
     """The gradient sum over consecutive shards of ``X, y`` (rows ``(dropout seed, example count)``
     of ``parts``), in ``state.grads``; returns the summed scalars of :func:`gradient_sum` and the
@@ -119,8 +120,8 @@ def shards_sum(
     a module whose examples are independent, :func:`~adadamp.wire.parameters.examples_independent`)
     and its first pass drew no random numbers, the shards are one pass (seeded by the first
     shard's seed, which then draws nothing): the same gradient sum up to float summation order,
-    one pass's fixed cost instead of one per shard.  ``before_last`` runs before the last pass
-    (the all-reduce replica's buckets start listening to its backward pass).
+    one pass's fixed cost instead of one per shard.  ``before_last`` is :func:`gradient_sum`'s
+    ``before_backward`` for the last pass (the all-reduce replica's buckets start listening to it).
     """
     sums = [0.0] * 5
     running = torch.zeros(sum(b.numel() for b in state.buffers)) if state.buffers else None
@@ -131,11 +132,10 @@ def shards_sum(
     for i, (seed, count) in enumerate(parts.tolist()):
         if i and start is not None:
             set_buffers(state.buffers, start)
-        if before_last is not None and i == len(parts) - 1:
-            before_last()
         shard = slice(offset, offset + count)
         offset += count
-        result = gradient_sum(state, X[shard], y[shard], n_chunks, seed, accumulate=i > 0)
+        last = before_last if i == len(parts) - 1 else None
+        result = gradient_sum(state, X[shard], y[shard], n_chunks, seed, accumulate=i > 0, before_backward=last)
         sums = [a + b for a, b in zip(sums, result)]
         if running is not None:  # BatchNorm: one running average whatever the split
             running += flat_buffers(state.buffers) * result[0]
@@ -157,7 +157,8 @@ def set_buffers(buffers: list[torch.Tensor], values: torch.Tensor) -> None:
 
 
 def gradient_sum(
-    state: FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, seed: int, accumulate: bool = False
+    state: FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, seed: int, accumulate: bool = False,
+    before_backward: Callable[[ChunkStatistic | None], None] | None = None,
 ) -> tuple:
     """Accumulate the gradient SUM over ``X, y`` into ``state.grads`` (zeroed first, unless
     ``accumulate``: a replica's next shard of the same update adds its sum to the last's).
@@ -168,27 +169,69 @@ def gradient_sum(
     (free: when the batch is cut into several shards, each shard's gradient is one sample, as
     fairscale and adaptdl take each replica's); 2 its two halves (one extra backward pass, so that
     a batch of a single shard still gives two samples).  An empty share adds nothing.
+
+    ``before_backward(statistic)`` runs just before the trained backward pass (also for an empty
+    share, with nothing to follow): whoever changes ranges of ``state.grads`` as that pass fills
+    them (an all-reduce started per bucket) reads each range into ``statistic`` first
+    (:meth:`ChunkStatistic.read`; None when no statistics were asked for).
     """
     n = len(X)
     if not accumulate:
         state.grads.zero_()
     if n == 0:
+        if before_backward is not None:
+            before_backward(None)
         return 0, 0.0, 0.0, 0.0, 0
-    before = state.grads.double() if accumulate and n_chunks else None  # the statistics are this share's
+    before = state.grads.clone() if accumulate and n_chunks else None  # the statistics are this share's
     out = _seeded_forward(state, X, seed)  # one forward: BatchNorm sees the share once
     loss, weight = _loss_sum(state.criterion, out, y, n)
     first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
+    statistic = ChunkStatistic(state.grads, n, before, first) if n_chunks else None
+    if before_backward is not None:
+        before_backward(statistic)
     loss.backward()  # the trained gradient: the same with or without statistics
-    sq_sum, n_stat_chunks = 0.0, 0
-    if n_chunks:  # AdaScale's statistics: the share is a chunk, or its halves are
-        whole = state.grads.double() if before is None else state.grads.double() - before
-        if first is None:  # one chunk asked for, or a one-example share
-            sq_sum, n_stat_chunks = float(whole.square().sum()) / n, 1
+    if statistic is None:
+        return n, weight, float(loss.detach()), 0.0, 0
+    return n, weight, float(loss.detach()), statistic.total(), statistic.n_chunks
+
+
+class ChunkStatistic:
+    """AdaScale's statistic of one share (:func:`gradient_sum`), read range by range of the flat
+    gradient: the sum over the share's chunks of each chunk's squared gradient sum per example.
+
+    The share is one chunk (``first`` None) or two halves, the first's gradient sum ``first``;
+    ``before`` is what the gradient held before this share's backward pass (earlier shards of the
+    same update), subtracted.  Ranges read once the backward pass filled them let an all-reduce
+    start there during that pass; :meth:`total` reads the rest.
+    """
+
+    def __init__(self, grads: torch.Tensor, n: int, before: torch.Tensor | None, first: torch.Tensor | None):
+        self.grads, self.n, self.before, self.first = grads, n, before, first
+        self.n_chunks = 1 if first is None else 2
+        self._sums = [0.0, 0.0]  # squared norms: the whole share's (or first half's), the second half's
+        self._read: list[tuple[int, int]] = []
+
+    def read(self, lo: int, hi: int) -> None:
+        """Add the range ``[lo, hi)`` of the gradient, as the share's backward pass left it."""
+        before = () if self.before is None else (self.before[lo:hi],)
+        if self.first is None:
+            self._sums[0] += exact_squared_norm(self.grads[lo:hi], *before)
         else:
-            m = n // 2
-            sq_sum = float(first.square().sum()) / m + float((whole - first).square().sum()) / (n - m)
-            n_stat_chunks = 2
-    return n, weight, float(loss.detach()), sq_sum, n_stat_chunks
+            self._sums[0] += exact_squared_norm(self.first[lo:hi])
+            self._sums[1] += exact_squared_norm(self.grads[lo:hi], *before, self.first[lo:hi])
+        self._read.append((lo, hi))
+
+    def total(self) -> float:
+        """The statistic, after reading the ranges not read yet."""
+        end = 0
+        for lo, hi in sorted(self._read) + [(self.grads.numel(), self.grads.numel())]:
+            if lo > end:
+                self.read(end, lo)
+            end = max(end, hi)
+        if self.first is None:
+            return self._sums[0] / self.n
+        m = self.n // 2
+        return self._sums[0] / m + self._sums[1] / (self.n - m)
 
 
 def _seeded_forward(state: FitState, X: torch.Tensor, seed: int) -> torch.Tensor:

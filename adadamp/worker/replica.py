@@ -209,12 +209,15 @@ class Buckets:
         ]
         self.group = None
         self._armed = False
+        self._statistic = None
         self._works: list = []
         self._error: BaseException | None = None
 
-    def start(self, group) -> None:
-        """Launch buckets on ``group`` as the coming backward pass fills them."""
+    def start(self, group, statistic=None) -> None:
+        """Launch buckets on ``group`` as the coming backward pass fills them, each read into
+        ``statistic`` (:class:`~adadamp.worker.gradient.ChunkStatistic`) first."""
         self.group, self._armed, self._works, self._error = group, True, [], None
+        self._statistic = statistic
         self._count = [0] * len(self.ranges)
         self._next = 0
 
@@ -234,15 +237,20 @@ class Buckets:
         lo, hi = self.ranges[self._next]
         self._next += 1
         try:
+            if self._statistic is not None:  # before the all-reduce overwrites the local sum
+                self._statistic.read(lo, hi)
             self._works.append(self.group.allreduce([self.grads[lo:hi]]))
         except RuntimeError as err:  # a hook must not raise into autograd: reported by finish()
             self._error = err
 
     def disarm(self) -> None:
-        self._armed, self._works = False, []
+        self._armed, self._works, self._statistic = False, [], None
 
     def flush(self) -> None:
-        """Launch the buckets the backward pass did not fill (unused parameters, an empty share), in order."""
+        """Launch the buckets the backward pass did not fill (unused parameters, an empty share), in order.
+
+        The backward pass is over, so its statistic has read what it still needed."""
+        self._statistic = None
         while self._next < len(self.ranges):
             self._launch()
 
@@ -472,7 +480,7 @@ class Replica:
                 raise RuntimeError(f"replica at update {self.applied} asked for update {update}")
             indices, parts, ahead = self._examples_of(plan, epoch, update)
             X, y = examples(state, indices, epoch, ahead)
-            overlap = not n_chunks and self.size > 1  # chunk statistics need the local sum first
+            overlap = self.size > 1  # the buckets read the chunk statistics before they launch
             before = flat_buffers(state.buffers) if state.buffers else None  # what a failed update leaves
             try:
                 sums, running = self._shard_sums(X, y, n_chunks, parts, overlap, before)
@@ -527,7 +535,7 @@ class Replica:
         all-reduce (examples, weight, loss sum, chunk statistics) and the running statistics
         weighted by each shard's examples."""
         parts = parts if len(parts) else np.zeros((1, 2), dtype=np.int64)  # no shard: a zero gradient
-        before_last = (lambda: self.buckets.start(self.group)) if overlap else None
+        before_last = (lambda statistic: self.buckets.start(self.group, statistic)) if overlap else None
         return shards_sum(self.state, X, y, n_chunks, parts, start, before_last)
 
     def _reduce(self, overlap: bool, scalars: list[float], running: torch.Tensor | None

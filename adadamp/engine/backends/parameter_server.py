@@ -35,7 +35,7 @@ import torch
 from ...records import ShareRequest
 from ...wire.batches import dropout_seed
 from ...wire.optimizer_plan import apply_plan
-from ...wire.parameters import bind_parameters, flatten_parameters, float_buffers
+from ...wire.parameters import bind_parameters, exact_squared_norm, flatten_parameters, float_buffers
 from ...worker.gradient import flat_buffers, set_buffers
 from ..aggregation import GradientSum, Totals
 from .base import Backend, Batch
@@ -166,10 +166,8 @@ class ParameterServer(Backend):
         self.flat.copy_(self._backups[1 - self._current])
 
     def _grad_sq_norm(self, total: Totals) -> float:
-        g64 = self.grads_np.astype(np.float64)  # exact: the pinned weights of statistics-driven dampers
-        if total.weight != total.n:  # the statistics are per example: the mean of the workers' sums
-            g64 *= total.weight / total.n
-        return float(g64 @ g64)
+        scale = total.weight / total.n  # the statistics are per example: the mean of the workers' sums
+        return exact_squared_norm(self.grads) * scale * scale
 
     def _stepped_weights(self) -> np.ndarray:
         return self.flat_np
