@@ -161,19 +161,20 @@ def run(task: Task, name: str) -> dict:
     }
 
 
-def target(runs: list[dict], task: str) -> float:
+def target(runs: list[dict], task: str) -> float | None:
     """The task's target test accuracy, from the constant-batch runs alone: their best final
     accuracy less one point, rounded down to 0.005 (what the hand-tuned grid reaches).  Fixed
-    before any other run was looked at."""
-    best = max(r["final_accuracy"] for r in runs if r["task"] == task and r["family"] == "constant")
-    return math.floor(round((best - 0.01) / 0.005, 6)) * 0.005
+    before any other run was looked at; None until a constant run is in."""
+    best = max((r["final_accuracy"] for r in runs if r["task"] == task and r["family"] == "constant"), default=None)
+    return None if best is None else math.floor(round((best - 0.01) / 0.005, 6)) * 0.005
 
 
-def high_target(runs: list[dict], task: str) -> float:
+def high_target(runs: list[dict], task: str) -> float | None:
     """A second, higher target, added after the first run was seen: the best accuracy any
-    constant-batch run measured at any point (rounded down to 0.005)."""
-    best = max(p["accuracy"] for r in runs if r["task"] == task and r["family"] == "constant" for p in r["curve"])
-    return math.floor(round(best / 0.005, 6)) * 0.005
+    constant-batch run measured at any point (rounded down to 0.005); None without one."""
+    best = max((p["accuracy"] for r in runs if r["task"] == task and r["family"] == "constant" for p in r["curve"]),
+               default=None)
+    return None if best is None else math.floor(round(best / 0.005, 6)) * 0.005
 
 
 def load(path: Path | None = None, rule=target) -> list[dict]:
@@ -184,7 +185,7 @@ def load(path: Path | None = None, rule=target) -> list[dict]:
     targets = {t: rule(runs, t) for t in {r["task"] for r in runs}}
     for r in runs:
         r["target"] = targets[r["task"]]
-        hit = next((p for p in r["curve"] if p["accuracy"] >= r["target"]), None)
+        hit = None if r["target"] is None else next((p for p in r["curve"] if p["accuracy"] >= r["target"]), None)
         r["time_to_target"] = None if hit is None else hit["time"]
         r["epoch_at_target"] = None if hit is None else hit["epoch"]
     return runs
@@ -200,6 +201,10 @@ def save(new: dict) -> None:
 
 def _fmt(t):
     return "not reached" if t is None else f"{t:.1f} s"
+
+
+def _best_final(runs: list[dict], family: str) -> float:
+    return max(r["final_accuracy"] for r in runs if r["family"] == family)
 
 
 def summary(runs: list[dict]) -> list[str]:
@@ -229,11 +234,11 @@ def summary(runs: list[dict]) -> list[str]:
             ahead = (f"{geo_d['time_to_target'] / good['time_to_target']:.2f}" if geo_d["time_to_target"] else
                      f"> {geo_d['wall'] / good['time_to_target']:.1f} (not reached)")
         top = max(mine, key=lambda r: r["final_accuracy"])
-        top_const = max((r for r in mine if r["family"] == "constant"), key=lambda r: r["final_accuracy"])
-        final = "-" if good is None else (
-            f"{good['final_accuracy']:.4f}; {100 * (good['final_accuracy'] - top_const['final_accuracy']):+.1f} / "
+        final = "-" if good is None or const is None else (
+            f"{good['final_accuracy']:.4f}; {100 * (good['final_accuracy'] - _best_final(mine, 'constant')):+.1f} / "
             f"{100 * (good['final_accuracy'] - top['final_accuracy']):+.1f} ({top['config']})")
-        out.append(f"| {task.name} | {mine[0]['target']:.3f} | {cell(const)} | {cell(geo_d)} | {cell(geo_t)} | "
+        goal = "-" if mine[0]["target"] is None else f"{mine[0]['target']:.3f}"
+        out.append(f"| {task.name} | {goal} | {cell(const)} | {cell(geo_d)} | {cell(geo_t)} | "
                    f"{cell(good)} | {ratio} | {ahead} | {final} |")
     return out
 
@@ -288,10 +293,10 @@ def plot(runs: list[dict]) -> None:
             ax.plot([p["time"] for p in pts], [p["accuracy"] for p in pts], color=color, ls=ls, label=r["config"],
                     lw=2 if r["family"] == "goodput" else 1)
         goal = next(r["target"] for r in runs if r["task"] == name)
-        ax.axhline(goal, color="k", lw=0.5)
+        if goal is not None:  # none without a constant run
+            ax.axhline(goal, color="k", lw=0.5)
+            ax.set_ylim(goal - 0.15, None)
         ax.set(title=name, xlabel="wall-clock seconds (evaluation excluded)", ylabel="test accuracy")
-        lo = goal - 0.15
-        ax.set_ylim(lo, None)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(HERE / "goodput.png", dpi=100)

@@ -88,6 +88,10 @@ def test_goodput_targets_come_from_the_constant_runs_alone():
         r["target"], r["wall"] = 0.885, 10.0
     row = goodput.summary(runs)[2]
     assert "| 1.0 s (constant-256) |" in row and "| 0.5 s (goodput) |" in row and "| 0.50 |" in row
+    # runs without a constant one (a piece of the benchmark run on its own): no target yet, no crash
+    alone = [{**runs[2], "target": goodput.target(runs[2:], "blobs4"), "time_to_target": None}]
+    assert alone[0]["target"] is None and goodput.high_target(alone, "blobs4") is None
+    assert "| blobs4 | - | - |" in goodput.summary(alone)[2]
 
 
 def test_time_to_target_is_measured_and_the_fit_stops_there(client):
