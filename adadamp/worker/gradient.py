@@ -208,7 +208,9 @@ class ChunkStatistic:
     def __init__(self, grads: torch.Tensor, n: int, before: torch.Tensor | None, first: torch.Tensor | None):
         self.grads, self.n, self.before, self.first = grads, n, before, first
         self.n_chunks = 1 if first is None else 2
-        self._sums = [0.0, 0.0]  # squared norms: the whole share's (or first half's), the second half's
+        # squared norms (float64, on the gradient's device until the total): the whole share's
+        # (or its first half's), the second half's
+        self._sums = [torch.zeros((), dtype=torch.float64, device=grads.device) for _ in range(2)]
         self._read: list[tuple[int, int]] = []
 
     def read(self, lo: int, hi: int) -> None:
@@ -228,10 +230,11 @@ class ChunkStatistic:
             if lo > end:
                 self.read(end, lo)
             end = max(end, hi)
+        whole, second = (float(s) for s in self._sums)
         if self.first is None:
-            return self._sums[0] / self.n
+            return whole / self.n
         m = self.n // 2
-        return self._sums[0] / m + self._sums[1] / (self.n - m)
+        return whole / m + second / (self.n - m)
 
 
 def _seeded_forward(state: FitState, X: torch.Tensor, seed: int) -> torch.Tensor:

@@ -167,7 +167,7 @@ class ParameterServer(Backend):
 
     def _grad_sq_norm(self, total: Totals) -> float:
         scale = total.weight / total.n  # the statistics are per example: the mean of the workers' sums
-        return exact_squared_norm(self.grads) * scale * scale
+        return float(exact_squared_norm(self.grads)) * scale * scale
 
     def _stepped_weights(self) -> np.ndarray:
         return self.flat_np
