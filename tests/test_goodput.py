@@ -128,6 +128,25 @@ def test_throughput_model_is_optimistic_where_it_cannot_tell():
     assert float(m.update_time(64, 2)) == pytest.approx(0.002 + 0.002 + 0.0015)
 
 
+def test_shares_too_close_to_tell_keep_the_cost_per_example():
+    # A batch grown with its workers (32/1 .. 216/8, shares 27-32, measured on emulated devices of
+    # 2 ms + 0.2 ms per example): the compute times differ by noise, not by share.  A slope fitted
+    # there was 0 and made 432 examples on 4 workers look as fast as 216 on 8 (measured: 30 ms
+    # against 13); the optimistic split keeps a cost per example.
+    rows = [(32, 1, 0.0103, 0.0015)] * 9 + [(64, 2, 0.0101, 0.0016)] * 3 + [(108, 4, 0.0104, 0.0018)] * 3 + [
+        (216, 8, 0.0121, 0.0022)] * 3
+    m = ThroughputModel.fit(*zip(*rows))
+    median = 0.0103  # of the compute times; the median share is 32
+    assert (m.compute_fixed, m.compute_per_example) == pytest.approx((median / 2, median / 2 / 32))
+    assert float(m.update_time(432, 4)) > 1.5 * float(m.update_time(216, 8))
+    d = Goodput().reset(n_data=16_000)
+    assert d.best(m, noise=168.0, batch_size=216, n_workers=8, budget=8) == (216, 8)
+    assert d.best(m, noise=340.0, batch_size=216, n_workers=8, budget=8) == (363, 8)  # the batch grows on 8
+    # shares a factor SHARE_SPREAD apart are fitted: the terms come back
+    m = ThroughputModel.fit([32, 48], [1, 1], [0.002 + 0.0001 * 32, 0.002 + 0.0001 * 48], [0.001, 0.001])
+    assert (m.compute_fixed, m.compute_per_example) == pytest.approx((0.002, 0.0001), rel=1e-9)
+
+
 def test_goodput_arithmetic_and_the_best_choice():
     # Hand-computed: T(B, W) = 2 ms + 0.1 ms ceil(B / W) + 1 ms + 0.5 ms (W - 1), B_noise = 200, B0 = 32.
     model = ThroughputModel(0.002, 0.0001, 0.001, 0.0005)

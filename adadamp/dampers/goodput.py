@@ -24,6 +24,10 @@ MIN_ESTIMATES = 10
 #: Seconds of training a change waits for the workers it asked for (where the fit cannot see them
 #: arrive: a cluster shared with other fits, such as the embedded one), then it is made anyway.
 WORKER_WAIT = 10.0
+#: The least ratio of the largest share (examples per worker) seen to the smallest for the compute
+#: per example to be fitted: update times vary by ~10% at one setting, so closer shares cannot tell
+#: it from the fixed cost (a fitted slope of 0 made 4x the share look free).
+SHARE_SPREAD = 1.5
 #: Batch sizes tried per ``max_factor`` each way: a geometric grid around the current one.
 GRID_STEPS = 4
 LR_RULES = ("auto", "sgd", "adam")
@@ -175,9 +179,11 @@ class ThroughputModel:
         re-placed the data).
 
         Terms the updates cannot tell apart are fixed optimistically, as adaptdl's
-        ``fit_perf_params`` does: with a single share size ``ceil(B / W)`` seen, half the
-        compute time is fixed and half per example (so more workers look worth trying); with a
-        single worker count seen, workers cost nothing extra (``d = 0``) until more are tried.
+        ``fit_perf_params`` does: with share sizes ``ceil(B / W)`` all within a factor
+        :data:`SHARE_SPREAD` of each other (one share size, or a batch grown with its workers),
+        half the median compute time is fixed and half per example of the median share (so more
+        workers look worth trying, and a larger share is not taken as free); with a single worker
+        count seen, workers cost nothing extra (``d = 0``) until more are tried.
 
         Examples
         --------
@@ -191,11 +197,11 @@ class ThroughputModel:
         w = np.asarray(n_workers, dtype=float)
         share = np.ceil(b / w)
         compute, other = np.asarray(compute_times, dtype=float), np.asarray(other_times, dtype=float)
-        if np.unique(share).size >= 2:
+        if share.max() >= SHARE_SPREAD * share.min():
             a, per = grouped_fit(compute, np.column_stack([np.ones_like(share), share]), "median")
         else:
             a = float(np.median(compute)) / 2
-            per = a / share[0]
+            per = a / float(np.median(share))
         if np.unique(w).size >= 2:
             c, d = grouped_fit(other, np.column_stack([np.ones_like(w), w - 1]), "median")
         else:
