@@ -278,10 +278,8 @@ class Goodput(BaseDamper):
     smoothing : float, default=0.97
         Per-base-batch weight of the noise estimates' moving averages, in (0, 1): a memory of
         about ``1 / (1 - smoothing)`` = 33 base batches, so that the noise scale follows its rise
-        early in a fit (on the benchmark tasks it grew 7x within half an epoch; AdaScale's and
-        adaptdl's 0.999 remembers 1000 base batches and lags there; against 0.99, four runs each
-        of the three tasks of ``benchmarks/README.md``: final accuracy +0.3 and +0.6 points on
-        two, -0.1 on the third; a high target 2x sooner on the third, as soon on the others).
+        early in a fit (AdaScale's and adaptdl's 0.999 remembers 1000 and lags there; measured
+        against 0.99 in ``benchmarks/README.md``).
     lr_rule : {"auto", "sgd", "adam"}, default="auto"
         The learning rate's gain: ``"sgd"`` the gain, ``"adam"`` its square root; ``"auto"``
         picks from the fit's optimizer (``torch.optim.SGD``: the gain; any other: the square
