@@ -301,6 +301,19 @@ def _ratios(rows: list[dict]) -> dict:
             for k, v in ix.items() if k[0] == AR}
 
 
+def _measured(rows: list[dict]) -> str:
+    """How many updates each row's median is over (the updates after ``SKIP``), by count."""
+    by: dict[int, set] = {}
+    for r in rows:
+        by.setdefault(len(r["update"]), set()).add((r["n_params"], r["size"], r["system"]))
+    if len(by) == 1:
+        return f"{next(iter(by))} measured per fit"
+    common = max(by, key=lambda n: len(by[n]))
+    rest = "; ".join(f"{n} for " + ", ".join(f"{size} {system}" for _, size, system in sorted(by[n]))
+                     for n in sorted(by) if n != common)
+    return f"{common} measured per fit ({rest})"
+
+
 def report(results: dict, repeat: dict | None = None) -> str:
     rows = results["rows"]
     pred = predictions(rows)
@@ -310,7 +323,7 @@ def report(results: dict, repeat: dict | None = None) -> str:
               "docstring). Scheduler on host 0, one single-threaded worker on each of P other hosts (network "
               "namespaces, own /dev/shm, so no shared memory), the client in the root namespace on its own link; "
               f"every link tbf-shaped both ways. Batch {BATCH} (64 / P per worker), SGD with momentum; median update "
-              f"after the first {SKIP}. **All hosts share this machine's CPU cores**: ratios within a row mean "
+              f"after the first {SKIP}, {_measured(rows)}. **All hosts share this machine's CPU cores**: ratios within a row mean "
               "something, absolute times are not a cluster's (at P = 4 and 8, four and eight workers share 2 cores). No delay or loss "
               "(no netem in this kernel)."), "",
              ("Predicted: `adadamp.simulate` calibrated (`calibrate(..., method=\"median\")`) on the unshaped run of "
