@@ -389,7 +389,9 @@ def test_a_killed_worker_leaves_every_update_bitwise_unchanged():
 def test_a_worker_killed_during_the_first_placement_of_dask_data_costs_seconds(kill_cluster):
     """A dask array's blocks are loaded by tasks pinned to their worker: when that worker dies
     during the first placement the fit goes on as soon as the scheduler drops it, not after the
-    placement's timeout (max(60 s, update_timeout)), and ends bit for bit where the undisturbed fit does."""
+    placement's timeout (max(60 s, update_timeout)) nor after a survivor's fetch from the dead
+    worker gave up connecting (Dask's connect timeout, 30 s), and ends bit for bit where the
+    undisturbed fit does.  The trial is a fit (~6 s here) and up to 15 s waiting for the nanny."""
     from stress import kill_workers as kw
 
     client, X, y, _, _ = kill_cluster
@@ -401,4 +403,4 @@ def test_a_worker_killed_during_the_first_placement_of_dask_data_costs_seconds(k
     elapsed = time.perf_counter() - start
     np.testing.assert_array_equal(r.weights, calm)
     assert r.kills == 1
-    assert elapsed < 45, f"the placement waited {elapsed:.0f} s for a dead worker's blocks"
+    assert elapsed < 30, f"the placement waited {elapsed:.0f} s for a dead worker's blocks"

@@ -232,3 +232,50 @@ def test_ctrl_c_while_waiting_for_workers_leaks_nothing(data, tmp_path):
         assert time.monotonic() - start < 10
     assert list(tmp_path.iterdir()) == []
     assert not hasattr(est, "module_")
+
+
+
+def _make_rows(n):
+    return np.arange(n, dtype=np.float64)
+
+
+def _fetch_from(key, address, dask_worker=None):
+    """What a scheduler's message sent before it removed ``address`` asks of this worker: fetch
+    ``key`` from there (Dask's ``acquire-replicas``, as the worker's state machine takes it)."""
+    from distributed.worker_state_machine import AcquireReplicasEvent
+
+    dask_worker.handle_stimulus(AcquireReplicasEvent(
+        who_has={key: [address]}, nbytes={key: 8000}, stimulus_id=f"stale-{time.monotonic()}"))
+
+
+def _task_state(key, dask_worker=None):
+    ts = dask_worker.state.tasks.get(key)
+    return None if ts is None else ts.state
+
+
+def test_a_fetch_from_a_removed_worker_is_given_up_within_seconds(data):
+    """A worker told to fetch a key from a worker that has just died (by a message the scheduler
+    sent before it removed it) retries connecting to the dead address for Dask's connect timeout
+    (here 60 s): a placement of dask data waited for it.  With adadamp's plugin the worker drops its
+    connections to a removed worker for a few seconds after the removal: the fetch fails at once
+    and the worker asks the scheduler where the key is now."""
+    X, y = data
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "60s"}),
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None, silence_logs=logging.CRITICAL) as cluster,
+        Client(cluster) as client,
+    ):
+        DaskRegressor(max_epochs=1, client=client).fit(X, y)  # the plugin is on the workers
+        a, b = sorted(client.scheduler_info()["workers"])
+        x = client.submit(_make_rows, 1000, workers=[a], pure=False)  # lost with a: nowhere else to recompute
+        x.result()
+        os.kill(client.run(os.getpid, workers=[a])[a], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while a in client.scheduler_info()["workers"]:
+            assert time.monotonic() < deadline, "the scheduler did not remove the killed worker"
+            time.sleep(0.01)
+        client.run(_fetch_from, x.key, a, workers=[b])
+        start = time.monotonic()
+        while client.run(_task_state, x.key, workers=[b])[b] == "flight":
+            assert time.monotonic() - start < 15, "the fetch from the removed worker is still retrying its connection"
+            time.sleep(0.1)
