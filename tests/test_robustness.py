@@ -279,3 +279,48 @@ def test_a_fetch_from_a_removed_worker_is_given_up_within_seconds(data):
         while client.run(_task_state, x.key, workers=[b])[b] == "flight":
             assert time.monotonic() - start < 15, "the fetch from the removed worker is still retrying its connection"
             time.sleep(0.1)
+
+
+class KillAfterLastUpdate(Callback):
+    """SIGKILLs worker process ``pid`` after update ``last`` and waits until the scheduler dropped its
+    ``address``: the fit then ends knowing the worker is gone (test only)."""
+
+    def __init__(self, pid=None, address=None, last=None):
+        self.pid, self.address, self.last = pid, address, last
+
+    def on_update_end(self, estimator, loop=None, **info):
+        if loop.n_updates != self.last:
+            return
+        os.kill(self.pid, signal.SIGKILL)
+        self.killed_at_ = time.monotonic()
+        deadline = time.monotonic() + 10
+        while self.address in estimator.client.scheduler_info()["workers"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def test_a_worker_lost_before_the_end_is_not_asked_to_release_the_fit(data, monkeypatch):
+    """The release at the end of a fit asks only the workers the scheduler still lists: one that died
+    holds nothing, and Dask retries connecting to its address until the call's timeout (the fit
+    ended 5 s late)."""
+    from adadamp.engine.transport import Transport
+
+    X, y = data
+    asked = []
+    call_all = Transport.call_all
+
+    def recording(self, calls, *args, **kwargs):
+        asked.extend((c[0], c[1]) for c in calls)
+        return call_all(self, calls, *args, **kwargs)
+
+    monkeypatch.setattr(Transport, "call_all", recording)
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None, silence_logs=logging.CRITICAL) as cluster,
+        Client(cluster) as client,
+    ):
+        a = min(client.scheduler_info()["workers"])
+        kill = KillAfterLastUpdate(pid=client.run(os.getpid, workers=[a])[a], address=a, last=len(X) // 32)
+        est = DaskRegressor(batch_size=32, max_epochs=1, min_workers=2, client=client, callbacks=[("kill", kill)]).fit(X, y)
+        ended = time.monotonic() - dict(est.callbacks_)["kill"].killed_at_
+    released = {w for w, op in asked if op == "adadamp_release"}
+    assert released and a not in released, released
+    assert ended < 4, f"the fit ended {ended:.1f} s after its worker was lost"

@@ -339,6 +339,11 @@ class Membership:
         self.transport.close()
         self._occupy([])
         reachable = [w for w in self.set_up if not self.quarantined(w)]  # a hung one drops it when it wakes
+        with contextlib.suppress(Exception):  # no scheduler: every one is asked
+            listed = self.client.scheduler_info(n_workers=-1)["workers"]
+            # a worker the scheduler dropped holds nothing, and Dask retries connecting to its
+            # address until the call's timeout: a fit that lost a worker ended 5 s late
+            reachable = [w for w in reachable if w in listed]
         with contextlib.suppress(Exception):
             self.transport.call_all(
                 [rpc_call(w, "adadamp_release", ReleaseRequest(self.transport.fit_id)) for w in reachable], timeout=5.0
