@@ -234,9 +234,14 @@ def test_ctrl_c_while_waiting_for_workers_leaks_nothing(data, tmp_path):
     assert not hasattr(est, "module_")
 
 
-
-def _make_rows(n):
-    return np.arange(n, dtype=np.float64)
+def _dropped(client, address: str, timeout: float = 10.0) -> bool:
+    """Wait until the scheduler no longer lists worker ``address`` (a killed worker); False after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while address in client.scheduler_info()["workers"]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _fetch_from(key, address, dask_worker=None):
@@ -267,13 +272,10 @@ def test_a_fetch_from_a_removed_worker_is_given_up_within_seconds(data):
     ):
         DaskRegressor(max_epochs=1, client=client).fit(X, y)  # the plugin is on the workers
         a, b = sorted(client.scheduler_info()["workers"])
-        x = client.submit(_make_rows, 1000, workers=[a], pure=False)  # lost with a: nowhere else to recompute
+        x = client.submit(np.arange, 1000, workers=[a], pure=False)  # lost with a: nowhere else to recompute
         x.result()
         os.kill(client.run(os.getpid, workers=[a])[a], signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while a in client.scheduler_info()["workers"]:
-            assert time.monotonic() < deadline, "the scheduler did not remove the killed worker"
-            time.sleep(0.01)
+        assert _dropped(client, a), "the scheduler did not remove the killed worker"
         client.run(_fetch_from, x.key, a, workers=[b])
         start = time.monotonic()
         while client.run(_task_state, x.key, workers=[b])[b] == "flight":
@@ -293,9 +295,7 @@ class KillAfterLastUpdate(Callback):
             return
         os.kill(self.pid, signal.SIGKILL)
         self.killed_at_ = time.monotonic()
-        deadline = time.monotonic() + 10
-        while self.address in estimator.client.scheduler_info()["workers"] and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _dropped(estimator.client, self.address)
 
 
 def test_a_worker_lost_before_the_end_is_not_asked_to_release_the_fit(data, monkeypatch):
