@@ -6,6 +6,7 @@ import itertools
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -570,11 +571,20 @@ def test_buckets_launch_in_order_during_the_backward_pass():
     buckets.close()
 
 
+def _as_two_members(member) -> None:
+    """Run ``member(rank)`` for ranks 0 and 1 at once, in threads (a real gloo group of two)."""
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
 def test_buckets_read_the_chunk_statistics_before_their_all_reduce():
     """AdaScale's statistics (each member's own gradient) do not hold the all-reduce back: two
     members (threads, a real gloo group of two) launch every bucket during the backward pass, and
     each statistic is that member's local gradient, not the all-reduced sum."""
-    import threading
 
     from adadamp.wire.parameters import flatten_parameters
     from adadamp.worker.gradient import ChunkStatistic
@@ -600,11 +610,7 @@ def test_buckets_read_the_chunk_statistics_before_their_all_reduce():
         results[rank] = (launched, len(buckets.ranges), statistic.total(), local, grads.double().clone())
         buckets.close()
 
-    threads = [threading.Thread(target=member, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    _as_two_members(member)
     (l0, n0, s0, g0, sum0), (l1, n1, s1, g1, sum1) = results[0], results[1]
     assert l0 == n0 > 1 and l1 == n1 > 1  # every bucket left during the backward pass
     assert s0 == pytest.approx(float(g0.square().sum()) / 6, rel=1e-9)
@@ -612,6 +618,63 @@ def test_buckets_read_the_chunk_statistics_before_their_all_reduce():
     assert s0 != pytest.approx(s1, rel=1e-3)  # the two members' own, not the sum's
     torch.testing.assert_close(sum0, g0 + g1, rtol=1e-5, atol=1e-6)  # and the sum was all-reduced
     torch.testing.assert_close(sum1, sum0)
+
+
+def test_the_mean_gradient_is_taken_bucket_by_bucket_as_the_buckets_arrive():
+    """A member divides each all-reduced bucket by the batch's size (and adds up its squared norm)
+    as it comes in, while the later buckets are still being all-reduced: the mean bitwise the one
+    divided at once, the norm the whole gradient's up to float32 summation."""
+
+    from adadamp.wire.parameters import flatten_parameters, squared_norm
+    from adadamp.worker.replica import _MeanOfBuckets
+
+    store, results = dist.HashStore(), {}
+
+    def member(rank):
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                     torch.nn.Linear(64, 4))
+        _, grads = flatten_parameters(module)
+        buckets = Buckets(list(module.parameters()), grads, bucket_bytes=64 * 64 * 4, first_bytes=4 * 65 * 4)
+        group = dist.ProcessGroupGloo(store, rank, 2, datetime.timedelta(seconds=30))
+        X = torch.randn(6, 8, generator=torch.Generator().manual_seed(rank + 1))
+        arrived, mean = [], _MeanOfBuckets(grads, 12)
+
+        def take(lo, hi):  # a bucket in (the ones after it not waited for yet)
+            arrived.append((lo, hi))
+            mean(lo, hi)
+
+        grads.zero_()
+        buckets.start(group)
+        module(X).square().sum().backward()
+        buckets.finish(lambda work: work.wait(), take)
+        summed = grads.clone()
+        grads.zero_()  # the same again, divided at once after every bucket is in
+        buckets.start(group)
+        module(X).square().sum().backward()
+        buckets.finish(lambda work: work.wait())
+        results[rank] = (arrived, mean.sq_norm, summed, grads.mul_(1.0 / 12.0).clone(), buckets.ranges)
+        buckets.close()
+
+    _as_two_members(member)
+    for rank in (0, 1):
+        arrived, sq_norm, by_bucket, at_once, ranges = results[rank]
+        assert len(ranges) > 2 and arrived == ranges  # every bucket, in launch order
+        assert torch.equal(by_bucket, at_once)  # bitwise
+        assert sq_norm == pytest.approx(squared_norm(at_once), rel=1e-6)
+    assert torch.equal(results[0][2], results[1][2])
+
+
+def test_only_criteria_that_weigh_examples_alike_divide_by_the_batch_size_early():
+    from adadamp.sample_weight import SampleWeightedLoss
+    from adadamp.worker.gradient import weights_are_counts
+
+    nn = torch.nn
+    assert weights_are_counts(nn.CrossEntropyLoss()) and weights_are_counts(nn.MSELoss())
+    assert weights_are_counts(nn.NLLLoss(reduction="sum"))
+    assert not weights_are_counts(nn.CrossEntropyLoss(weight=torch.ones(3)))
+    assert not weights_are_counts(nn.CrossEntropyLoss(ignore_index=0))  # a label can hit it
+    assert not weights_are_counts(SampleWeightedLoss(nn.CrossEntropyLoss(), torch.int64, 1))
 
 
 def test_device_placement_picks_nccl_for_cuda_and_gloo_otherwise():

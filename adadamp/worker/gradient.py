@@ -290,6 +290,18 @@ def _forward(module: torch.nn.Module, X: torch.Tensor) -> torch.Tensor:
         raise
 
 
+def weights_are_counts(criterion) -> bool:
+    """Whether :func:`_loss_sum` weighs a share by its example count whatever its labels (no
+    sample or class weights, no ``ignore_index`` that a label can hit): a batch's mean gradient
+    is then its sum over the batch's size, known before the all-reduce."""
+    if isinstance(criterion, SampleWeightedLoss):
+        return False
+    if getattr(criterion, "reduction", "mean") != "mean":
+        return True
+    ignore = getattr(criterion, "ignore_index", None)
+    return ignore is None or (getattr(criterion, "weight", None) is None and ignore < 0)
+
+
 def _loss_sum(criterion, out, y, n: int) -> tuple[torch.Tensor, float]:
     """The share's loss as a sum, and what the full batch's mean divides that sum by.
 
