@@ -288,8 +288,7 @@ class _MeanOfBuckets:
 
     def __call__(self, lo: int, hi: int) -> None:
         part = self.grads[lo:hi]
-        with np.errstate(invalid="ignore", over="ignore"):
-            part.mul_(self.scale)
+        part.mul_(self.scale)
         self.sq_norm += squared_norm(part)
 
 
