@@ -321,9 +321,9 @@ def _loss_sum(criterion, out, y, n: int) -> tuple[torch.Tensor, float]:
     ignore = getattr(criterion, "ignore_index", None)
     weights = getattr(criterion, "weight", None)
     if (
-        ignore is None
+        weights_are_counts(criterion)
         or y.is_floating_point()
-        or (weights is None and (ignore < 0 or not bool((y == ignore).any())))  # labels are >= 0: nothing ignored
+        or (weights is None and not bool((y == ignore).any()))  # no label is the ignored one
     ):
         return criterion(out, y) * n, float(n)
     kept = y != ignore
