@@ -19,6 +19,12 @@ keeps its last numbers there) and the simulator's calibration to
   of the next update, beside the median update.
 * **kill**: SIGKILL of one worker inside a collective (in its backward pass, while the others
   all-reduce their first buckets): largest weight difference to the undisturbed run.
+* **steps**: each update's step announced with its own requests (members step right after their
+  reply, while the client reads the replies and sends the next requests) against the step sent
+  with the next request (``adadamp.allreduce.announce-steps`` False), interleaved, P = 2: on
+  emulated devices (:mod:`benchmarks.emulated`: a small MLP, the forward and the optimizer step
+  slept, off the CPU, as on accelerators) with steps of 0, 1 and 3 ms, and on the CPU alone (the
+  1M MLP: two workers and the client share 2 cores, so nothing is free to overlap).
 * **calibration**: the simulator's ring model with the overheads fitted to a real all-reduce fit
   (``adadamp.simulate.calibrate``), and how well it predicts a fit at another worker count.
 """
@@ -246,6 +252,40 @@ def part_kill(quick: bool) -> dict:
     }}
 
 
+def part_steps(quick: bool) -> dict:
+    import dask
+
+    from adadamp import DaskClassifier
+    from adadamp.engine.backends.allreduce import ANNOUNCE_STEPS
+
+    from .emulated import Emulated, EmulatedSGD
+
+    batch, n_updates, reps = 64, 20 if quick else 60, 1 if quick else 2
+    X, y = _data(batch * n_updates)
+    settings = [(f"emulated, {1e3 * s:g} ms step", {"module": Emulated, "module__inner": MLP, "module__hidden": 64,
+                                                     "optimizer": EmulatedSGD, "optimizer__step_time": s})
+                for s in (0.0, 1e-3, 3e-3)]
+    settings.append(("CPU, 1M MLP", {"module": MLP, "module__hidden": QUICK_SIZES["0.1M"] if quick else SIZES["1M"],
+                                      "optimizer": torch.optim.SGD}))
+    rows = []
+    cluster, client = _cluster(2)
+    try:
+        for label, model in settings:
+            for rep in range(reps):
+                for announce in (True, False):
+                    with dask.config.set({ANNOUNCE_STEPS: announce}):
+                        est = DaskClassifier(**model, optimizer__lr=0.01, optimizer__momentum=0.9, batch_size=batch,
+                                             max_epochs=1, random_state=0, client=client, backend=AR,
+                                             scale_cluster=False, grads_per_worker=1).fit(X, y)
+                    rows.append({"setting": label, "announce": announce, "rep": rep,
+                                 "update_s": _steady(est, "update_time"), "compute_s": _steady(est, "compute_time")})
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    finally:
+        client.close()
+        cluster.close()
+    return {"steps": rows}
+
+
 def part_calibration(quick: bool) -> dict:
     """Calibrate the ring model on a P = 2 fit at a constant batch; predict fits with a growing
     batch at P = 2 and at P = 1 (more processes than this machine's 2 cores would measure the
@@ -285,7 +325,8 @@ def part_calibration(quick: bool) -> dict:
     }}
 
 
-PARTS = {"sweep": part_sweep, "membership": part_membership, "kill": part_kill, "calibration": part_calibration}
+PARTS = {"sweep": part_sweep, "membership": part_membership, "kill": part_kill, "steps": part_steps,
+         "calibration": part_calibration}
 
 
 # ------------------------------------------------------------------ report
@@ -324,6 +365,21 @@ def report(results: dict, quick: bool) -> str:
                   f"{k['samples_seen'][1]}. The failed update took {k['recomputed_update_s']:.3f} s "
                 f"(median {k['median_update_s']:.3f} s).")
         lines += ["## SIGKILL inside a collective (P = 4)", "", text, ""]
+    if "steps" in results:
+        lines += ["## The step beside the round trip (P = 2, batch 64, median update after the first two)", "",
+                  ("Announced: each update's step goes with its own requests and the members take it right after "
+                   "their reply; next request: the step goes with the next request and is taken when it arrives (as "
+                   "for dampers that read the round's statistics). Runs interleaved."), "",
+                  "| setting | run | announced ms | next request ms | announced / next request |",
+                  "|---|---:|---:|---:|---:|"]
+        rows = results["steps"]
+        for r in rows:
+            if not r["announce"]:
+                continue
+            base = next(x for x in rows if x["setting"] == r["setting"] and x["rep"] == r["rep"] and not x["announce"])
+            lines.append(f"| {r['setting']} | {r['rep'] + 1} | {1e3 * r['update_s']:.2f} | {1e3 * base['update_s']:.2f} | "
+                         f"{r['update_s'] / base['update_s']:.2f} |")
+        lines.append("")
     if "calibration" in results:
         c = results["calibration"]
         text = (f"Fitted to a P = 2 fit at batch 256 ({c['n_params'] / 1e6:.2f}M parameters; "

@@ -100,3 +100,22 @@ class Emulated(nn.Module):
         state = self.__dict__.copy()
         state["_speeds"] = _Speeds(self._speeds.path)  # re-read on the other side
         return state
+
+
+class EmulatedSGD(torch.optim.SGD):
+    """SGD whose every step also sleeps ``step_time`` seconds: the emulated device's optimizer
+    kernels, off the CPU, so that a benchmark on this machine's shared cores can show what
+    overlaps the step (the all-reduce members' step beside the client's round trip)."""
+
+    def __init__(self, params, step_time: float = 0.0, **kwargs):
+        super().__init__(params, **kwargs)
+        self.step_time = step_time
+
+    def __getstate__(self):  # torch's Optimizer pickles only its defaults, state and groups
+        return {**super().__getstate__(), "step_time": self.step_time}
+
+    def step(self, closure=None):
+        if self.step_time:
+            time.sleep(self.step_time)
+        return super().step(closure)
+

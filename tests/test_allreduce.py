@@ -463,6 +463,126 @@ def _die_in_rendezvous(dask_worker, marker=""):
     replica.gloo_group = gloo_group
 
 
+def _die_after_the_all_reduce(dask_worker, marker=""):
+    """Makes this worker SIGKILL itself once ``marker`` exists (claimed by one process), at the end
+    of its next update: its all-reduce completed, its reply not sent."""
+    from adadamp.worker import replica
+
+    original = getattr(replica.Replica.update, "original", replica.Replica.update)
+
+    def update(self, *args, **kwargs):
+        reply = original(self, *args, **kwargs)
+        try:
+            os.rename(marker, marker + ".taken")
+        except OSError:
+            return reply
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    update.original = original
+    replica.Replica.update = update
+
+
+def test_a_member_lost_after_its_all_reduce_completed_leaves_the_update_done(data, tmp_path, caplog):
+    """With a damper that reads no statistics, the members take each update's step right after
+    their reply: a member killed after its all-reduce completed, before it answered, leaves the
+    others past that update (they answered and stepped), so the update stands instead of being
+    recomputed; the fit ends with the undisturbed weights, nothing lost or repeated."""
+    X, y = data
+    marker = str(tmp_path / "kill-now")
+    params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "batch_size": 48, "max_epochs": 2,
+              "random_state": 4, "scale_cluster": False, "backend": AR, "min_workers": 3}
+    with _cluster(3) as cluster, Client(cluster) as client:
+        calm = DaskClassifier(client=client, **params).fit(X, y)
+        client.run(_die_after_the_all_reduce, marker=marker, workers=[max(client.scheduler_info()["workers"])])
+        with caplog.at_level(logging.WARNING, logger="adadamp"):
+            hurt = DaskClassifier(client=client, callbacks=[("arm", ArmAt(marker=marker, at=4))], **params).fit(X, y)
+    assert Path(marker + ".taken").exists()
+    assert any("the update stands" in r.getMessage() for r in caplog.records)
+    np.testing.assert_allclose(_weights(hurt), _weights(calm), rtol=1e-4, atol=1e-5)
+    assert hurt.history_[-1]["n_samples_seen"] == calm.history_[-1]["n_samples_seen"]
+    assert hurt.history_[-1]["n_updates"] == calm.history_[-1]["n_updates"]
+    assert min(_workers_per_update(hurt)) < 3
+
+
+def _replica_steps(dask_worker):
+    from adadamp.worker import plugin as _worker
+
+    return [(s.replica.applied, s.replica.pending) for s in _worker.TRAINER.fits.values() if s.replica is not None]
+
+
+class StepsTaken(Callback):
+    """Records, after each update, the replicas' (applied, pending) once every replica took the
+    update's step, or after ``wait`` seconds (test only): the next request waits for this callback."""
+
+    def __init__(self, wait=2.0):
+        self.wait = wait
+
+    def on_train_begin(self, estimator, **info):
+        self.seen_ = []
+
+    def on_update_end(self, estimator, record=None, loop=None, **info):
+        client = Client.current()
+        deadline = time.monotonic() + self.wait
+        while True:
+            steps = [s for per in client.run(_replica_steps).values() for s in per]
+            if all(a == loop.n_updates for a, _ in steps) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        self.seen_.append((loop.n_updates, steps))
+
+
+@pytest.mark.parametrize("damper", ["constant", "adascale"])
+def test_a_step_planned_without_the_rounds_statistics_is_taken_before_the_next_request(data, client, damper):
+    """A damper that reads nothing of the round (a constant batch, GeoDamp): the request carries
+    the update's own step and each member takes it right after answering, not when the next
+    request comes; one that reads the round's statistics (AdaScale) has its step sent with the next
+    request (the replicas hold the update's gradient pending meanwhile)."""
+    X, y = data
+    batch = 48 if damper == "constant" else AdaScale(batch_size=48)
+    wait = 2.0 if damper == "constant" else 0.2  # the replicas stay as they are until the next request
+    est = DaskClassifier(batch_size=batch, optimizer=torch.optim.SGD, max_epochs=1, backend=AR, random_state=0,
+                         min_workers=2, callbacks=[("steps", StepsTaken(wait))]).fit(X, y)
+    seen = dict(est.callbacks_)["steps"].seen_
+    assert len(seen) > 5
+    for n, steps in seen[:-1]:
+        assert len(steps) == 2
+        if damper == "constant":
+            assert steps == [(n, None)] * 2
+        else:
+            assert steps == [(n - 1, n - 1)] * 2
+
+
+class StepFails(torch.optim.SGD):
+    """An optimizer whose step raises (test only): the client never steps in an all-reduce fit."""
+
+    def step(self, closure=None):
+        raise RuntimeError("this step fails on purpose")
+
+
+@pytest.mark.timeout(120)
+def test_a_step_that_raises_after_the_reply_reaches_the_client_as_its_error(data, client):
+    """The members take an announced step after their reply; when it raises, the next request
+    raises it again and the client hears the error (not a lost worker, whose update would be
+    recomputed to fail the same way, round after round)."""
+    X, y = data
+    est = DaskClassifier(optimizer=StepFails, optimizer__lr=0.1, batch_size=48, max_epochs=2, backend=AR,
+                         random_state=0, min_workers=2)
+    with pytest.raises(Exception, match="this step fails on purpose"):
+        est.fit(X, y)
+
+
+def test_members_reached_over_dask_take_the_announced_steps_too(data, client):
+    """Without the channel (no reply hook) a member takes an update's announced step before its
+    next request, group or commit: the same weights, bit for bit."""
+    X, y = data
+    params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "batch_size": GeoDamp(initial=32, delay=1),
+              "max_epochs": 3, "backend": AR, "random_state": 0, "min_workers": 2}
+    over_channels = DaskClassifier(**params).fit(X, y)
+    with dask.config.set({"adadamp.channels": False}):
+        over_dask = DaskClassifier(**params).fit(X, y)
+    np.testing.assert_array_equal(_weights(over_dask), _weights(over_channels))
+
+
 @pytest.mark.timeout(280)
 def test_a_member_lost_while_forming_a_group_costs_the_abort_time(data, tmp_path, caplog):
     """A worker SIGKILLed while the others wait for it in a group's rendezvous: they give up on

@@ -158,6 +158,8 @@ class ChannelServer:
     ``compute(weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, plan)`` returns the reply fields as
     a dict with numpy arrays; it runs in this thread, so the worker's event
     loop (heartbeats, Dask RPCs) keeps running while a gradient is computed.
+    ``after_reply()`` runs in this thread after each reply went out (an
+    all-reduce member's step, while the client reads the round's replies).
     ``on_close()`` runs once when a channel the client sent requests on ends
     (the client closed it or died, it sat idle for ``idle_timeout``): the
     worker then drops the fit.  A channel that was never used (nobody
@@ -176,6 +178,7 @@ class ChannelServer:
         max_indices: int = 1 << 40,
         on_close: Callable[[], None] | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
+        after_reply: Callable[[], None] | None = None,
     ):
         self.token = secrets.token_bytes(TOKEN_BYTES)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -189,6 +192,7 @@ class ChannelServer:
         self._max_indices = max_indices
         self._on_start = on_start
         self._on_close = on_close
+        self._after_reply = after_reply
         self._idle_timeout = idle_timeout
         self._conn: socket.socket | None = None
         self._used = False  # a request came in: the client uses this channel
@@ -405,6 +409,8 @@ class ChannelServer:
             r.digest,
         )
         send_all(conn, [header] + [_as_bytes(a) for a in (grad, buffers) if a is not None])
+        if self._after_reply is not None:
+            self._after_reply()
         return True
 
 

@@ -248,6 +248,7 @@ class Trainer:
                 on_start=_compute_thread_start,
                 max_indices=state.n_total,
                 on_close=lambda: self.close_fit(fit_id, only=state),  # the client closed the channel, or died
+                after_reply=lambda: state.replica is not None and state.replica.after_reply(),
             )
             reply.channel = ChannelOffer(state.channel.port, state.channel.token)
             self.stats.update(channels=1)

@@ -3,10 +3,13 @@
 Each update every member computes the gradient SUM over its share, all-reduces the sums, the
 example counts, the loss and the damper's statistics with ``torch.distributed`` (gloo on CPU,
 NCCL on CUDA devices), divides once by the batch's total (bucket by bucket as they arrive, where
-every example weighs the same) and keeps the mean gradient *pending*:
-the step is taken when the next request arrives, because that request carries the plan the
-client's damper made from this update's statistics (so the plan costs no extra round trip).
-Members take the same step on the same numbers, so the replicas stay bitwise identical.
+every example weighs the same) and keeps the mean gradient *pending* for its step.  Where the
+client's damper plans the step from this update's statistics, the next request carries the plan
+and the step is taken when it arrives (the plan costs no extra round trip).  Where the plan reads
+nothing of the round (a constant batch, GeoDamp), the update's own request *announces* its step
+and the member takes it right after its reply, while the client reads the replies and sends the
+next requests: the step leaves the critical path.  Members take the same step on the same
+numbers, so the replicas stay bitwise identical.
 
 Gradients are all-reduced in buckets while the backward pass still runs (as PyTorch's DDP
 does): a bucket is a contiguous range of the flat gradient, launched as soon as the backward
@@ -19,8 +22,9 @@ last generation, or the client's committed copy) broadcasts weights, running sta
 optimizer state, so a joiner starts from them (no more bytes than the model's state can hold: gloo
 authenticates no peer).  A collective that fails (a peer died, or hung past the timeout) raises
 :class:`~adadamp.exceptions.CollectiveError` and drops the pending gradient; the client forms
-the next generation without the lost worker and recomputes the update.  Steps are numbered, so
-none is applied twice.  A group in step with its peers when the fit ends is kept for the next
+the next generation without the lost worker and recomputes the update (unless another member
+answered: its all-reduce completed, every share is in it and it stepped, so the update stands).
+Steps are numbered, so none is applied twice.  A group in step with its peers when the fit ends is kept for the next
 fit on the same workers (:mod:`adadamp.worker.groups`), which takes it over after a handshake.
 
 One module because the replica, its group membership, its buckets and the scheduler-held store
@@ -311,6 +315,7 @@ class Replica:
         self.backend = collective_backend(state.device)
         self.applied = int(applied)
         self.pending: int | None = None
+        self.announced: StepVector | None = None  # the pending update's own step, sent with its request
         self._perm, self._perm_key = None, None  # the data epoch's permutation, cached
         self._layout: tuple[int, ...] | None = None  # the batch plans' layout the client sent last
         self.group = None
@@ -341,6 +346,7 @@ class Replica:
 
     def _join(self, generation, rank, size, step, restore, members, reuse, broadcast) -> GroupReply:
         start = time.perf_counter()
+        self.take_announced()
         self.take_step(step, strict=False)  # a joiner owes nothing: it takes rank 0's state below
         self._keep = 0.0
         held = [self.group, self._group_store]  # the last generation's group: its peers may be gone
@@ -452,7 +458,8 @@ class Replica:
         return dump_state(self.state.flat, self.state.buffers, self.optimizer, self.applied)
 
     def load(self, blob: bytes) -> None:
-        self.applied, self.pending = load_state(blob, self.state.flat, self.state.buffers, self.optimizer), None
+        self.applied = load_state(blob, self.state.flat, self.state.buffers, self.optimizer)
+        self.pending = self.announced = None
 
     def take_step(self, step: StepVector | None, strict: bool = True) -> None:
         """Take the step ``step`` names unless it was taken already (steps are numbered).
@@ -472,9 +479,29 @@ class Replica:
         self.optimizer.step()
         self.applied, self.pending = update + 1, None
 
+    def take_announced(self) -> None:
+        """Take the step the pending update's request announced, if it is not taken yet (the
+        reply went over Dask, not a channel: then before whatever the replica does next)."""
+        step, self.announced = self.announced, None
+        self.take_step(step)
+
+    def after_reply(self) -> None:
+        """Take the announced step right after the update's reply went out (the channel's thread
+        calls it): the step runs while the client reads the replies and sends the next requests,
+        instead of after the next request arrives.  A step that raises is put back: the next
+        request takes it again and sends the error to the client (a lost channel would look like a
+        lost worker and the update would be recomputed, to fail the same way)."""
+        with self.state.lock:
+            step = self.announced
+            try:
+                self.take_announced()
+            except Exception:  # noqa: BLE001 -- raised again where the client hears it
+                self.announced = step
+
     # ------------------------------------------------------------------ one update
     def update(self, plan: np.ndarray, n_chunks: int, epoch: int, step: np.ndarray) -> GradientReply:
-        """Take the pending step, compute the gradient sum of this member's shards and all-reduce the batch's.
+        """Take the step still owed, compute the gradient sum of this member's shards and all-reduce
+        the batch's; keep the step ``step`` announces for this update, to take after the reply.
 
         ``plan`` (:meth:`BatchPlan.to_array`) names the batch (a slice of data epoch ``epoch``'s
         permutation) and, when they changed since the last request, this member's shards; the
@@ -496,7 +523,9 @@ class Replica:
             if self.group is None or generation != self.generation:
                 raise CollectiveError(f"rank {self.rank} is not in generation {generation} (at {self.generation})")
             self._keep = 0.0  # an update in flight: the group is no longer known to be in step
-            self.take_step(step)
+            self.take_announced()
+            announced = step.step_of == update  # this update's own step, to take after the reply
+            self.take_step(None if announced else step)
             if self.applied != update:
                 raise RuntimeError(f"replica at update {self.applied} asked for update {update}")
             indices, parts, ahead = self._examples_of(plan, epoch, update)
@@ -533,6 +562,8 @@ class Replica:
                     state.grads.mul_(1.0 / weight_total if weight_total else 0.0)
                 sq_norm = squared_norm(state.grads)
             self.pending = update
+            if announced and weight_total and math.isfinite(loss_total / weight_total) and math.isfinite(sq_norm):
+                self.announced = step  # (as the client: a step is not taken on a loss or gradient that is not finite)
             return GradientReply(
                 n=int(n_total),
                 loss_sum=loss_total,
@@ -644,6 +675,7 @@ class Replica:
         """
         with self.state.lock:
             self.state.last_used = time.monotonic()
+            self.take_announced()
             self.take_step(step)
             self.pending = None
             if groups is not None:

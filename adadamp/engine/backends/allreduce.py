@@ -96,6 +96,9 @@ _NO_INDICES = np.zeros(0, dtype=np.int64)
 ALLOW_PLAINTEXT = "adadamp.allreduce.allow-plaintext"
 #: dask config key: seconds the workers keep a fit's group for the next fit on them (0: neither kept nor taken over).
 KEEP_GROUP = "adadamp.allreduce.keep-group"
+#: dask config key: send a step planned without the round's statistics with the update's own requests
+#: (default True; False: every step goes with the next request, as for dampers that read the round).
+ANNOUNCE_STEPS = "adadamp.allreduce.announce-steps"
 
 
 def check_plaintext(client: Client) -> None:
@@ -172,12 +175,14 @@ class AllReduce(Backend):
         self._group: list[str] | None = None  # the workers of the current generation (rank order: self.workers)
         self._current: set[str] = set()  # workers whose replica holds the fit's latest state
         self._step_owed: tuple[int, float, list[float]] | None = None  # the step the replicas owe
+        self._announced: tuple[int, float, list[float]] | None = None  # the running update's own step (_announce_step)
         self._set_up_at: dict[str, int] = {}  # the update count of the payload each worker was set up from
         self._epoch_updates: list | None = None  # the running epoch's update records (run_epoch's list)
         self._rounds: collections.deque = collections.deque(maxlen=16)  # (seconds, examples) of the last rounds
         self._aborted = False  # this round's generation was aborted for a late member (_abort)
         self._kept: dict[str, dict | None] = {}  # the group each worker's set-up offered (kept by an earlier fit)
         self._keep_seconds = float(dask.config.get(KEEP_GROUP, 60.0))
+        self._announces = bool(dask.config.get(ANNOUNCE_STEPS, True))
         self._layouts: dict[str, tuple[int, ...]] = {}  # the batch plans' layout each member last heard
 
     # ------------------------------------------------------------------ set-up
@@ -350,10 +355,14 @@ class AllReduce(Backend):
             self.members.refresh(force=True, lost=lost)
 
     def _step_vector(self, update: int) -> np.ndarray | None:
-        """The :class:`~adadamp.records.StepVector` of update ``update`` (-1: none, only the step owed), encoded."""
-        if self._step_owed is None:
+        """The :class:`~adadamp.records.StepVector` of update ``update`` (-1: none, only the step
+        owed), encoded: the step owed, or else the update's own step where it was announced."""
+        step = self._step_owed
+        if step is None and self._announced is not None and self._announced[0] == update >= 0:
+            step = self._announced
+        if step is None:
             return None if update < 0 else StepVector(self.generation, update).encode()
-        step_of, scale, settings = self._step_owed
+        step_of, scale, settings = step
         return StepVector(self.generation, update, step_of, scale, tuple(settings)).encode()
 
     # ------------------------------------------------------------------ commits
@@ -372,7 +381,7 @@ class AllReduce(Backend):
         self.loop.__dict__.update(copy.copy(self._commit.loop).__dict__)
         self.damper.__dict__.update(copy.deepcopy(self._commit.damper).__dict__)
         self.sampler = Sampler(self.loop)
-        self._step_owed = None
+        self._step_owed = self._announced = None
 
     def sync(self, take_step: bool = True) -> None:
         """Take the pending step on every replica and load rank 0's state into the client's module
@@ -448,6 +457,9 @@ class AllReduce(Backend):
                 self._rounds.clear()  # the next rounds are held to this one's time
                 self._rounds.append((time.monotonic() - t_sent, len(batch.idx)))
             self._aborted = False
+            if (dead or failed) and replied and self._announced is not None:
+                self._done_without(requests, dead, failed)
+                dead, failed = [], []
             if not dead and not failed:
                 r = replied[0]  # every member holds the same all-reduced totals
                 if r.n != len(batch.idx):  # the members find their examples: they must find the client's batch
@@ -456,7 +468,7 @@ class AllReduce(Backend):
                 totals.n, totals.weight, totals.loss_sum = r.n, r.weight, r.loss_sum
                 totals.chunk_sq_norm_sum, totals.n_chunks = r.chunk_sq_norm_sum, r.n_chunks
                 totals.grad_sq_norm = r.grad_sq_norm
-                self._step_owed = None
+                self._step_owed = self._announced = None
                 self._rounds.append((time.monotonic() - t_sent, len(batch.idx)))
                 return totals, []
             lost, broken = [requests[k].worker for k in dead], [requests[k].worker for k in failed]
@@ -469,6 +481,24 @@ class AllReduce(Backend):
         return in_rounds(self.members, one_round, (
             f"update {self.loop.n_updates} failed in {1 + MAX_RECOMPUTES} rounds in a row: workers keep dying"
         ))
+
+    def _done_without(self, requests: list, dead: list[int], failed: list[int]) -> None:
+        """A round with an announced step that some members answered and others did not: the update
+        is done.  An answer means the member's all-reduce completed, so every member's share is in
+        its totals, and it takes the step after answering: recomputing the update would ask it for
+        an update it is past.  The members that did not answer are no longer current (a survivor
+        whose collective failed gets the state of one that answered when the group forms again);
+        the lost leave the fit."""
+        lost = [requests[k].worker for k in dead]
+        behind = {requests[k].worker for k in (*dead, *failed)}
+        logger.warning("update %d: lost %s, collective failed on %s after the all-reduce completed elsewhere; "
+                       "the update stands, re-forming the group", self.loop.n_updates, lost,
+                       [requests[k].worker for k in failed])
+        self._current = {q.worker for q in requests} - behind
+        self._group = None
+        if lost:
+            self.members.lost_in_rounds.extend(lost)
+            self.members.refresh(force=True, lost=tuple(lost))
 
     def _expected_round(self, batch_size: int) -> float | None:
         """What a round of ``batch_size`` examples is expected to take: the median of the last
@@ -511,6 +541,18 @@ class AllReduce(Backend):
         lr = apply_plan(self.optimizer, plan, scale_buffers=False)  # the replicas scale their own
         self._step_owed = (self.loop.n_updates, float(plan.momentum_buffer_scale), group_settings(self.optimizer))
         return lr
+
+    def _announce_step(self, batch: Batch) -> tuple | None:
+        """Plan the update's step before its round, when no step is owed: the requests carry it,
+        and each member takes it right after its reply, while the client reads the replies and
+        sends the next requests (:meth:`Replica.after_reply
+        <adadamp.worker.replica.Replica.after_reply>`): the step leaves the update's critical path."""
+        if self._step_owed is not None or not self._announces:
+            return None
+        plan = self.damper.plan_update(batch.state, len(batch.idx), None)
+        lr = apply_plan(self.optimizer, plan, scale_buffers=False)
+        self._announced = (self.loop.n_updates, float(plan.momentum_buffer_scale), group_settings(self.optimizer))
+        return plan, lr
 
     def _run_updates(self, updates: list[dict], on_update, end: float) -> None:
         """The epoch's updates; the client's module is up to date when it returns (also when a

@@ -182,6 +182,13 @@ class Backend(abc.ABC):
     def _step(self, plan) -> float:
         """Take (or hand on) the step ``plan`` describes; returns the learning rate."""
 
+    def _announce_step(self, batch: Batch) -> tuple | None:
+        """Plan ``batch``'s step before its round and hand it on with the requests (the damper reads
+        none of the round's statistics), so the workers take it as soon as the round is done;
+        returns the plan and the learning rate, or None where this backend plans and steps after
+        the round (:meth:`_step`)."""
+        return None
+
     @abc.abstractmethod
     def sync(self) -> None:
         """Bring the client's module and optimizer up to date (a checkpoint mid-epoch is next)."""
@@ -510,6 +517,7 @@ class Backend(abc.ABC):
         t_start = time.perf_counter()
         self.members.lost_in_rounds.clear()
         batch = self._next_batch()
+        announced = self._announce_step(batch) if batch.need is None else None  # the plan reads nothing of the round
         t_sent = time.perf_counter()
         total = self._gradient_round(batch)
         t_back = time.perf_counter()
@@ -519,23 +527,29 @@ class Backend(abc.ABC):
         if not self._finite(loss, total):
             self._keep_last_finite()
             raise self._diverged(loss, len(batch.idx))
-        stats = None
-        if batch.need is not None:
-            stats = GradStats(
-                n_samples=int(n),
-                grad_sq_norm=self._grad_sq_norm(total),
-                chunk_sq_norm_sum=float(total.chunk_sq_norm_sum),
-                n_chunks=int(total.n_chunks),
-            )
-        plan = self.damper.plan_update(batch.state, int(n), stats)
-        t_agg = time.perf_counter()
-        lr = self._step(plan)
+        if announced is None:
+            plan = self.damper.plan_update(batch.state, int(n), self._stats(batch, total))
+            t_agg = time.perf_counter()
+            lr = self._step(plan)
+        else:
+            (plan, lr), t_agg = announced, time.perf_counter()
         t_step = time.perf_counter()
         self.loop.advance(n, plan.progress, loss)
         self._recent.append(t_step - t_start)
         record = self._record(n, lr, loss, total, t_start, t_sent, t_back, t_agg, t_step)
         self.damper.observe(record)
         return {**record.row(), **self.damper.explain()}
+
+    def _stats(self, batch: Batch, total: Totals) -> GradStats | None:
+        """The round's statistics the damper asked for (None: it asked for none)."""
+        if batch.need is None:
+            return None
+        return GradStats(
+            n_samples=int(total.n),
+            grad_sq_norm=self._grad_sq_norm(total),
+            chunk_sq_norm_sum=float(total.chunk_sq_norm_sum),
+            n_chunks=int(total.n_chunks),
+        )
 
     def _diverged(self, loss: float, batch_size: int) -> ConvergenceError:
         return ConvergenceError(
