@@ -4,6 +4,7 @@
     python -m benchmarks.netbed --P 2 --rates unshaped 1gbit --sizes 1M     # a piece (results are merged)
     python -m benchmarks.netbed --report        # rewrite benchmarks/netbed.md from benchmarks/netbed.json
     python -m benchmarks.netbed --quick --out DIR                           # smoke test (~30 s)
+    python -m benchmarks.netbed --step-ms 2 --out DIR   # an emulated device's optimizer step (2 ms, off the CPU)
 
 Needs what ``tests/netbed`` needs (Linux, root, iproute2).  For each P a test bed of ``1 + P`` hosts
 (network namespaces, each with its own /dev/shm, joined through a bridge by veth links that ``tc``
@@ -51,7 +52,9 @@ import numpy as np
 import torch
 
 from benchmarks import allreduce as _ar
+from benchmarks import emulated as _emulated
 from benchmarks.allreduce import MLP, _data
+from benchmarks.emulated import EmulatedSGD
 
 HERE = Path(__file__).resolve().parent
 PS, AR, DDP = "parameter-server", "allreduce", "ddp"
@@ -90,11 +93,19 @@ def _record(batches, workers, compute, update) -> dict:
     return rec
 
 
-def run_adadamp(client, backend: str, hidden: int, p: int, n_updates: int) -> dict:
+def _optimizer(step_s: float) -> tuple[type, dict]:
+    """SGD, or with ``step_s`` an emulated device's (:class:`benchmarks.emulated.EmulatedSGD`: every step
+    also sleeps ``step_s``, off the CPU)."""
+    return (EmulatedSGD, {"step_time": step_s}) if step_s else (torch.optim.SGD, {})
+
+
+def run_adadamp(client, backend: str, hidden: int, p: int, n_updates: int, step_s: float = 0.0) -> dict:
     from adadamp import DaskClassifier
 
     X, y = _data(BATCH * n_updates)
-    est = DaskClassifier(module=MLP, module__hidden=hidden, optimizer=torch.optim.SGD, optimizer__lr=0.01,
+    optimizer, extra = _optimizer(step_s)
+    est = DaskClassifier(module=MLP, module__hidden=hidden, optimizer=optimizer, optimizer__lr=0.01,
+                         **{f"optimizer__{k}": v for k, v in extra.items()},
                          optimizer__momentum=0.9, batch_size=BATCH, max_epochs=1, random_state=0, client=client,
                          backend=backend, scale_cluster=False, grads_per_worker=1).fit(X, y)  # on all p workers
     ups = [u for row in est.history_ for u in row["updates"]]
@@ -107,7 +118,7 @@ def run_adadamp(client, backend: str, hidden: int, p: int, n_updates: int) -> di
     return rec
 
 
-def ddp_rank(rank: int, world: int, master: str, hidden: int, steps: int, out: str) -> None:
+def ddp_rank(rank: int, world: int, master: str, hidden: int, steps: int, out: str, step_s: float = 0.0) -> None:
     """One DDP rank (run on a worker host by :func:`run_ddp`)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -117,7 +128,8 @@ def ddp_rank(rank: int, world: int, master: str, hidden: int, steps: int, out: s
                             timeout=timedelta(seconds=120))
     torch.manual_seed(0)
     model = DistributedDataParallel(MLP(hidden=hidden))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    optimizer, extra = _optimizer(step_s)
+    opt = optimizer(model.parameters(), lr=0.01, momentum=0.9, **extra)
     crit = torch.nn.CrossEntropyLoss()
     X, y = _data(BATCH * steps)
     share = BATCH // world
@@ -154,13 +166,13 @@ def ddp_rank(rank: int, world: int, master: str, hidden: int, steps: int, out: s
     os._exit(0)  # sometimes aborts ("terminate called without an active exception") as ranks exit
 
 
-def run_ddp(bed, hidden: int, p: int, n_updates: int) -> dict:
+def run_ddp(bed, hidden: int, p: int, n_updates: int, step_s: float = 0.0) -> dict:
     hosts = bed.hosts[1:1 + p]
     out = os.path.join(bed.logs, f"ddp-{hidden}-{p}.json")
     with contextlib.suppress(FileNotFoundError):
         os.remove(out)
     procs = [h.popen([sys.executable, "-m", "benchmarks.netbed", "--ddp-rank", str(r), str(p), hosts[0].address,
-                      str(hidden), str(n_updates), out], os.path.join(bed.logs, f"h{h.index}-ddp.log"),
+                      str(hidden), str(n_updates), out, str(step_s)], os.path.join(bed.logs, f"h{h.index}-ddp.log"),
                      env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)})
              for r, h in enumerate(hosts)]
     try:
@@ -180,7 +192,7 @@ def run_ddp(bed, hidden: int, p: int, n_updates: int) -> dict:
 
 
 # ------------------------------------------------------------------ one bed per P
-def measure(p: int, rates, sizes: dict, systems, n_updates: int, save) -> None:
+def measure(p: int, rates, sizes: dict, systems, n_updates: int, save, step_s: float = 0.0) -> None:
     """Start a bed of ``1 + p`` hosts and measure every rate x size x system on it; ``save(row)``
     after each measurement."""
     import cloudpickle
@@ -188,6 +200,7 @@ def measure(p: int, rates, sizes: dict, systems, n_updates: int, save) -> None:
 
     netbed = _bed_module()
     cloudpickle.register_pickle_by_value(_ar)  # the model's class travels to the hosts by value
+    cloudpickle.register_pickle_by_value(_emulated)  # and the emulated device's optimizer
     bed = netbed.Netbed(hosts=1 + p).start()
     client = None
     try:
@@ -201,8 +214,8 @@ def measure(p: int, rates, sizes: dict, systems, n_updates: int, save) -> None:
             for size, hidden in sizes.items():
                 for system in systems:
                     start = time.perf_counter()
-                    rec = run_ddp(bed, hidden, p, n_updates) if system == DDP else run_adadamp(
-                        client, system, hidden, p, n_updates)
+                    rec = run_ddp(bed, hidden, p, n_updates, step_s) if system == DDP else run_adadamp(
+                        client, system, hidden, p, n_updates, step_s)
                     row = {"system": system, "size": size, "n_params": _n_params(hidden), "P": p, "rate": rate,
                            "wall_s": time.perf_counter() - start, **rec}
                     print(json.dumps({k: v for k, v in row.items() if not isinstance(v, list)}), flush=True)
@@ -322,7 +335,9 @@ def report(results: dict, repeat: dict | None = None) -> str:
              (f"{meta.get('when', '?')}, {meta.get('machine', '?')}. `python -m benchmarks.netbed` (see its "
               "docstring). Scheduler on host 0, one single-threaded worker on each of P other hosts (network "
               "namespaces, own /dev/shm, so no shared memory), the client in the root namespace on its own link; "
-              f"every link tbf-shaped both ways. Batch {BATCH} (64 / P per worker), SGD with momentum; median update "
+              f"every link tbf-shaped both ways. Batch {BATCH} (64 / P per worker), SGD with momentum"
+              + (f" (an emulated device's step: every optimizer step of every system also sleeps {meta['step_ms']:g} ms, "
+                 f"off the CPU, `--step-ms {meta['step_ms']:g}`)" if meta.get("step_ms") else "") + "; median update "
               f"after the first {SKIP}, {_measured(rows)}. **All hosts share this machine's CPU cores**: ratios within a row mean "
               "something, absolute times are not a cluster's (at P = 4 and 8, four and eight workers share 2 cores). No delay or loss "
               "(no netem in this kernel)."), "",
@@ -413,11 +428,13 @@ def main(argv=None) -> None:
     ap.add_argument("--updates", type=int, default=12, help=f"updates per fit (the first {SKIP} are left out)")
     ap.add_argument("--out", type=Path, default=HERE, help="where netbed.json and netbed.md go")
     ap.add_argument("--report", action="store_true", help="only rewrite the Markdown from the JSON")
-    ap.add_argument("--ddp-rank", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument("--step-ms", type=float, default=0.0,
+                    help="an emulated device's optimizer step: every step of every system also sleeps this long")
+    ap.add_argument("--ddp-rank", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.ddp_rank:
-        rank, world, master, hidden, steps, out = args.ddp_rank
-        ddp_rank(int(rank), int(world), master, int(hidden), int(steps), out)
+        rank, world, master, hidden, steps, out, step_s = args.ddp_rank
+        ddp_rank(int(rank), int(world), master, int(hidden), int(steps), out, float(step_s))
         return
     torch.set_num_threads(1)
     sizes = QUICK_SIZES if args.quick else {s: SIZES[s] for s in args.sizes}
@@ -431,12 +448,12 @@ def main(argv=None) -> None:
                            if (r["system"], r["size"], r["P"], r["rate"]) != (row["system"], row["size"], row["P"], row["rate"])]
         results["rows"].append(row)
         results["meta"] = {"when": time.strftime("%Y-%m-%d"), "machine": (
-            f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}")}
+            f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}"), "step_ms": args.step_ms}
         raw.write_text(json.dumps(results, indent=1) + "\n")
 
     if not args.report:
         for p in P:
-            measure(p, rates, sizes, args.systems, n_updates, save)
+            measure(p, rates, sizes, args.systems, n_updates, save, args.step_ms / 1e3)
     again = args.out / "netbed-repeat.json"
     text = report(results, json.loads(again.read_text()) if again.exists() else None)
     md.write_text(text)

@@ -58,10 +58,11 @@ def test_report_headlines_the_whole_fit_and_gives_ddps_whole_script():
 @pytest.mark.netbed
 def test_netbed_quick_measures_every_system_and_writes_the_report(netbed_ready, tmp_path):
     """``python -m benchmarks.netbed --quick``: both backends and DDP on a bed of 2 worker hosts,
-    unshaped and at 1 Gb/s, and the simulator's predictions beside them."""
+    unshaped and at 1 Gb/s, and the simulator's predictions beside them; here with an emulated
+    device's optimizer step (``--step-ms``), which every system's optimizer takes on the hosts."""
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.netbed", "--quick", "--out", str(tmp_path)], cwd=root,
-                          capture_output=True, text=True, timeout=240, check=False)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.netbed", "--quick", "--step-ms", "1", "--out", str(tmp_path)],
+                          cwd=root, capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "netbed.json").read_text())["rows"]
     assert {(r["system"], r["rate"]) for r in rows} == {(s, r) for s in SYSTEMS for r in ("unshaped", "1gbit")}
@@ -69,6 +70,7 @@ def test_netbed_quick_measures_every_system_and_writes_the_report(netbed_ready, 
     assert all(r["sent_bytes"] < 1024 for r in rows if r["system"] == "allreduce")  # issue 29, item 3
     report = (tmp_path / "netbed.md").read_text()
     assert "| 0.1M | 2 | 1 Gb/s | allreduce |" in report and "Simulator error on the shaped rows" in report
+    assert "also sleeps 1 ms" in report
 
 
 def test_goodput_targets_come_from_the_constant_runs_alone():
