@@ -8,7 +8,8 @@ Both backends (:mod:`.parameter_server`, :mod:`.allreduce`) share here: the work
 (:mod:`~adadamp.data.placement`), each update's batch (the damper names its size, the sampler
 draws its examples), the steps of an update and its record, and the epoch loop
 (:func:`adadamp.dampers.epoch.run_epoch`).  Each backend supplies how an update's gradient is
-computed and where the step is taken (the abstract methods).
+computed and where the step is taken (the abstract methods).  One module: the update loop and the
+hooks it calls are one contract, and its parts read the same state.
 """
 
 from __future__ import annotations
@@ -183,10 +184,8 @@ class Backend(abc.ABC):
         """Take (or hand on) the step ``plan`` describes; returns the learning rate."""
 
     def _announce_step(self, batch: Batch) -> tuple | None:
-        """Plan ``batch``'s step before its round and hand it on with the requests (the damper reads
-        none of the round's statistics), so the workers take it as soon as the round is done;
-        returns the plan and the learning rate, or None where this backend plans and steps after
-        the round (:meth:`_step`)."""
+        """Plan ``batch``'s step before its round (its damper reads none of it) and hand it on with
+        the requests; returns the plan and the learning rate, or None: planned after the round."""
         return None
 
     @abc.abstractmethod
@@ -542,14 +541,9 @@ class Backend(abc.ABC):
 
     def _stats(self, batch: Batch, total: Totals) -> GradStats | None:
         """The round's statistics the damper asked for (None: it asked for none)."""
-        if batch.need is None:
-            return None
-        return GradStats(
-            n_samples=int(total.n),
-            grad_sq_norm=self._grad_sq_norm(total),
-            chunk_sq_norm_sum=float(total.chunk_sq_norm_sum),
-            n_chunks=int(total.n_chunks),
-        )
+        return None if batch.need is None else GradStats(
+            n_samples=int(total.n), grad_sq_norm=self._grad_sq_norm(total),
+            chunk_sq_norm_sum=float(total.chunk_sq_norm_sum), n_chunks=int(total.n_chunks))
 
     def _diverged(self, loss: float, batch_size: int) -> ConvergenceError:
         return ConvergenceError(
