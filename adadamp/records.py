@@ -15,6 +15,7 @@ RPC as plain data: :func:`to_message` on the sending side (:func:`adadamp.wire.r
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -312,6 +313,18 @@ class StepVector:
             return None
         v = np.asarray(vector, dtype=np.float64)
         return cls(int(v[0]), int(v[1]), int(v[2]), float(v[3]), tuple(v[cls.HEADER:].tolist()))
+
+
+def finite_update(loss_sum: float, weight: float, grad_sq_norm: float) -> bool:
+    """Whether an all-reduced update's mean loss and gradient are finite: the one rule by which the
+    client keeps an update's step and a member takes an announced one (the same totals on both).
+
+    Examples
+    --------
+    >>> finite_update(3.0, 2.0, 0.5), finite_update(3.0, 0.0, 0.5), finite_update(3.0, 2.0, float("inf"))
+    (True, False, False)
+    """
+    return bool(weight) and math.isfinite(loss_sum / weight) and math.isfinite(grad_sq_norm)
 
 
 @dataclass

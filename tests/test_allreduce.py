@@ -377,12 +377,18 @@ class KillInBackward(torch.nn.Module):
         return self.last(torch.relu(self.second(h)))
 
     def _maybe_die(self, grad):
-        try:
-            os.rename(self.marker, self.marker + ".taken")  # exactly one process claims it
-        except OSError:
-            return grad
-        os.kill(os.getpid(), signal.SIGKILL)
+        if _claim(self.marker):
+            os.kill(os.getpid(), signal.SIGKILL)
         return grad
+
+
+def _claim(marker: str) -> bool:
+    """Whether this process claimed ``marker`` (renamed it: exactly one process does)."""
+    try:
+        os.rename(marker, marker + ".taken")
+    except OSError:
+        return False
+    return True
 
 
 class ArmAt(Callback):
@@ -452,9 +458,7 @@ def _die_in_rendezvous(dask_worker, marker=""):
     original = getattr(replica.gloo_group, "original", replica.gloo_group)
 
     def gloo_group(*args, **kwargs):
-        try:
-            os.rename(marker, marker + ".taken")  # exactly one process claims it
-        except OSError:
+        if not _claim(marker):
             return original(*args, **kwargs)
         time.sleep(1.0)  # the others wait in the rendezvous by now
         os.kill(os.getpid(), signal.SIGKILL)
@@ -472,9 +476,7 @@ def _die_after_the_all_reduce(dask_worker, marker=""):
 
     def update(self, *args, **kwargs):
         reply = original(self, *args, **kwargs)
-        try:
-            os.rename(marker, marker + ".taken")
-        except OSError:
+        if not _claim(marker):
             return reply
         os.kill(os.getpid(), signal.SIGKILL)
 

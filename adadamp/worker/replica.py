@@ -52,7 +52,7 @@ from distributed.comm import get_address_host
 from distributed.utils import sync
 
 from ..exceptions import CollectiveError
-from ..records import CommitReply, GradientReply, GroupReply, StepVector, examples_digest
+from ..records import CommitReply, GradientReply, GroupReply, StepVector, examples_digest, finite_update
 from ..wire.batches import BATCH_VALUES, BatchPlan, epoch_permutation
 from ..wire.optimizer_plan import apply_settings
 from ..wire.parameters import squared_norm, trainable
@@ -562,8 +562,8 @@ class Replica:
                     state.grads.mul_(1.0 / weight_total if weight_total else 0.0)
                 sq_norm = squared_norm(state.grads)
             self.pending = update
-            if announced and weight_total and math.isfinite(loss_total / weight_total) and math.isfinite(sq_norm):
-                self.announced = step  # (as the client: a step is not taken on a loss or gradient that is not finite)
+            if announced and finite_update(loss_total, weight_total, sq_norm):  # as the client decides
+                self.announced = step
             return GradientReply(
                 n=int(n_total),
                 loss_sum=loss_total,

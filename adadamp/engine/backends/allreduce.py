@@ -53,7 +53,6 @@ import copy
 import dataclasses
 import io
 import logging
-import math
 import statistics
 import time
 
@@ -76,6 +75,7 @@ from ...records import (
     SetupRequest,
     ShareRequest,
     StepVector,
+    finite_update,
 )
 from ...wire.batches import BatchPlan
 from ...wire.optimizer_plan import apply_plan, group_settings
@@ -527,7 +527,7 @@ class AllReduce(Backend):
         return self._reduce(batch)
 
     def _finite(self, loss: float, total: Totals) -> bool:
-        return math.isfinite(loss) and math.isfinite(total.grad_sq_norm)
+        return finite_update(total.loss_sum, total.weight, total.grad_sq_norm)  # as the members decide
 
     def _keep_last_finite(self) -> None:
         self.sync(take_step=False)  # the replicas hold the last finite weights
@@ -536,22 +536,23 @@ class AllReduce(Backend):
         return total.grad_sq_norm * (total.weight / total.n) ** 2  # per example: the mean of the workers' sums
 
     def _step(self, plan) -> float:
-        """Hand the step to the replicas: they take it with the next request (it is in their
-        compute time)."""
-        lr = apply_plan(self.optimizer, plan, scale_buffers=False)  # the replicas scale their own
-        self._step_owed = (self.loop.n_updates, float(plan.momentum_buffer_scale), group_settings(self.optimizer))
+        """Hand the step to the replicas: they take it with the next request."""
+        lr, self._step_owed = self._handed_on(plan)
         return lr
 
+    def _handed_on(self, plan) -> tuple[float, tuple[int, float, list[float]]]:
+        """``plan``'s learning rate and the running update's step as requests send it."""
+        lr = apply_plan(self.optimizer, plan, scale_buffers=False)
+        return lr, (self.loop.n_updates, float(plan.momentum_buffer_scale), group_settings(self.optimizer))
+
     def _announce_step(self, batch: Batch) -> tuple | None:
-        """Plan the update's step before its round, when no step is owed: the requests carry it,
-        and each member takes it right after its reply, while the client reads the replies and
-        sends the next requests (:meth:`Replica.after_reply
-        <adadamp.worker.replica.Replica.after_reply>`): the step leaves the update's critical path."""
+        """Plan the update's step before its round, when no step is owed: the requests carry it and
+        each member takes it right after its reply, while the client reads the replies and sends the
+        next requests (:meth:`~adadamp.worker.replica.Replica.after_reply`): off the critical path."""
         if self._step_owed is not None or not self._announces:
             return None
         plan = self.damper.plan_update(batch.state, len(batch.idx), None)
-        lr = apply_plan(self.optimizer, plan, scale_buffers=False)
-        self._announced = (self.loop.n_updates, float(plan.momentum_buffer_scale), group_settings(self.optimizer))
+        lr, self._announced = self._handed_on(plan)
         return plan, lr
 
     def _run_updates(self, updates: list[dict], on_update, end: float) -> None:
