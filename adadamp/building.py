@@ -196,8 +196,7 @@ def resume(state: TrainingState, params: Mapping, source, fresh: bool) -> list:
     current = fingerprint(params, source)
     epoch_updates = []
     if fresh and os.path.exists(path):
-        saved = checkpoint.load(path)
-        checkpoint.check_fingerprint(path, saved["fingerprint"], current)
+        saved = checkpoint.load(path, like=state, fingerprint=current)
         epoch_updates = checkpoint.restore(state, saved, len(source))
     state.fingerprint = current
     return epoch_updates

@@ -8,8 +8,14 @@ epoch), and the history (docs/guide/checkpoints.rst).
 
 A checkpoint file is not trusted (docs/guide/security.rst): it holds tensors and plain
 Python data only and is read with ``torch.load(weights_only=True)``, so a
-planted file cannot run code; a file owned by another user or writable by
-group or others is refused before it is read.  Writes go to a fresh
+planted file cannot run code; anything but a regular file of this user that
+only it may write is refused before it is read (opened without blocking, so
+a FIFO cannot hang the fit).  What the file declares is checked before
+anything is built from it (:class:`CorruptCheckpointError`): its parts are
+stored uncompressed and no tensor is larger than the data the file holds
+for it, so tensors take no more memory than the file; ``classes_`` has a
+dtype of plain labels; and, loaded for an estimator, every tensor and
+count matches what its module, optimizer and data need.  Writes go to a fresh
 temporary file in the same directory (``mkstemp``: never a fixed name, never
 through a symbolic link), which is synced and renamed over the target, and
 the directory is synced too, so a crash leaves the old file or the new one.
@@ -18,12 +24,15 @@ the directory is synced too, so a crash leaves the old file or the new one.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +43,13 @@ from .data.digest import data_digest
 from .records import TrainingState
 
 FORMAT = 2
+_MAX_DEPTH = 32  # nesting of containers; adadamp writes fewer than 10 levels
+_MAX_LABEL_BYTES = 4096  # one class label: 1024 characters
+#: The dtype kinds ``classes_`` may have, and the Python types of their saved values (objects: plain scalars only).
+_LABEL_TYPES = {"b": bool, "i": int, "u": int, "f": (int, float), "c": (int, float, complex), "U": str, "S": bytes,
+                "O": (bool, int, float, str, bytes)}
+_FIELDS = {"module": dict, "optimizer": dict, "damper": dict, "loop": dict, "history": list, "epoch_updates": list,
+           "targets": dict, "fingerprint": dict}
 
 
 class UnsafeCheckpointError(PermissionError):
@@ -44,6 +60,27 @@ class UnsafeCheckpointError(PermissionError):
     >>> issubclass(UnsafeCheckpointError, PermissionError)
     True
     """
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file that is not as adadamp writes it, or not for this estimator; nothing of it is used.
+
+    Raised while loading, before any array is built from the file and before any cluster work or
+    training step, so a crafted file costs neither memory nor a fitted state.
+
+    Examples
+    --------
+    >>> issubclass(CorruptCheckpointError, ValueError)
+    True
+    """
+
+
+def _corrupt(path, why: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"Refusing the checkpoint {path}: {why}. adadamp writes checkpoints of format {FORMAT} for the estimator "
+        "that reads them; this file was changed, written by another program or for another estimator. Delete it, "
+        "or pass another checkpoint path, to start afresh."
+    )
 
 
 def fingerprint(X: np.ndarray, y: np.ndarray, params: dict) -> dict:
@@ -140,12 +177,19 @@ def save(path: str | os.PathLike, state: TrainingState, epoch_updates: list) -> 
     _sync_directory(path.parent)
 
 
-def load(path: str | os.PathLike) -> dict:
+def load(path: str | os.PathLike, like: TrainingState | None = None, fingerprint: dict | None = None) -> dict:
     """Read a checkpoint written by :func:`save`, without running any code it holds.
 
     Parameters
     ----------
     path : str or path-like
+    like : TrainingState, optional
+        The state the checkpoint will be restored on (:func:`restore`); its module's tensors, its
+        optimizer's parameters and its ``classes_`` bound what the file may hold, checked before
+        ``classes_`` is built.  The estimators pass it.
+    fingerprint : dict, optional
+        What the fit that reads the file trains on (:func:`fingerprint`); a file of another fit is
+        refused with :func:`check_fingerprint`'s message before it is compared with ``like``.
 
     Returns
     -------
@@ -157,9 +201,10 @@ def load(path: str | os.PathLike) -> dict:
     Raises
     ------
     UnsafeCheckpointError
-        The file belongs to another user or group/others may write it.
-    ValueError
-        The file is not an adadamp checkpoint of this format.
+        The file is not a regular file, belongs to another user or group/others may write it.
+    CorruptCheckpointError
+        The file is not an adadamp checkpoint of this format, or holds something it does not
+        write (or, with ``like``, something that estimator cannot take).
 
     Examples
     --------
@@ -169,8 +214,37 @@ def load(path: str | os.PathLike) -> dict:
     >>> len(saved["history"])  # doctest: +SKIP
     5
     """
-    with open(path, "rb") as f:
-        info = os.fstat(f.fileno())  # of the file opened, not of what the name points to later
+    with _open_private(path) as f:
+        payload = _read(f, path)
+    _check_payload(payload, path)
+    classes = payload["targets"].get("classes_")
+    dtype = None if classes is None else _label_dtype(classes, path)
+    if fingerprint is not None:
+        check_fingerprint(path, payload["fingerprint"], fingerprint)
+    if like is not None:
+        _check_fits(payload, like, path)
+    payload["damper"]["file"] = str(path)  # for restore_damper's messages
+    if classes is not None:
+        try:
+            payload["targets"]["classes_"] = np.asarray(classes["values"], dtype=dtype)
+        except (OverflowError, ValueError) as err:
+            raise _corrupt(path, f"classes_ does not fit its dtype {dtype} ({err})") from err
+    return payload
+
+
+def _open_private(path):
+    """``path`` opened for reading if it is a regular file of this user that only it may write.
+
+    Opened with ``O_NONBLOCK`` so that a FIFO planted at the path is refused instead of blocking
+    ``open``; the checks are on the file opened (``fstat``), not on what the name points to later.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafeCheckpointError(
+                f"Refusing to load checkpoint {path}: it is not a regular file (mode {stat.filemode(info.st_mode)})."
+            )
         if info.st_uid != os.geteuid():
             raise UnsafeCheckpointError(
                 f"Refusing to load checkpoint {path}: it belongs to user id {info.st_uid}, not to this user "
@@ -181,21 +255,172 @@ def load(path: str | os.PathLike) -> dict:
                 f"Refusing to load checkpoint {path}: group or others may write it (mode "
                 f"{stat.filemode(info.st_mode)}). Check it, then `chmod go-w {path}`."
             )
-        try:
-            payload = torch.load(f, weights_only=True)
-        except Exception as err:
-            raise ValueError(
-                f"{path} is not an adadamp checkpoint of format {FORMAT} (it holds something other than tensors "
-                f"and plain data, or was written by an older adadamp): {err}"
-            ) from err
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read(f, path):
+    """``torch.load(weights_only=True)`` of a zip archive whose parts are stored as they are (as
+    ``torch.save`` writes them), so no tensor's data takes more memory than the file."""
+    not_ours = (f"it is not an adadamp checkpoint of format {FORMAT} (it holds something other than tensors and "
+                "plain data, or was written by an older adadamp)")
+    try:
+        with zipfile.ZipFile(f) as archive:
+            packed = [i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED]
+        f.seek(0)
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        raise _corrupt(path, not_ours) from err
+    if packed:
+        raise _corrupt(path, f"its part {packed[0]} is compressed (torch.save stores every part as it is)")
+    try:
+        return torch.load(f, weights_only=True)
+    except Exception as err:
+        raise _corrupt(path, f"{not_ours}: {err}") from err
+
+
+def _check_payload(payload, path) -> None:
+    """The fields :func:`save` writes, of the types it writes them, and tensors no larger than their data."""
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"{path} is not an adadamp checkpoint of format {FORMAT}.")
-    if isinstance(payload.get("damper"), dict):
-        payload["damper"]["file"] = str(path)  # for restore_damper's messages
+        raise _corrupt(path, f"it is not an adadamp checkpoint of format {FORMAT}")
+    for key, kind in _FIELDS.items():
+        if not isinstance(payload.get(key), kind):
+            found = f"{type(payload[key]).__name__}, not a {kind.__name__}" if key in payload else "missing"
+            raise _corrupt(path, f"its field {key!r} is {found}")
+    for t in _tensors(payload, path):
+        if t.layout != torch.strided or t.is_meta or t.numel() * t.element_size() > t.untyped_storage().nbytes():
+            raise _corrupt(path, f"a tensor of shape {tuple(t.shape)} declares more data than the file holds for it")
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in payload["module"].items()):
+        raise _corrupt(path, "its module is not a state dict of named tensors")
+    _check_optimizer_dict(payload["optimizer"], path)
+    _check_loop(payload["loop"], path)
+    for key in ("history", "epoch_updates"):
+        if not all(isinstance(r, dict) and all(isinstance(k, str) for k in r) for r in payload[key]):
+            raise _corrupt(path, f"its {key} is not a list of records")
     targets = payload["targets"]
-    if "classes_" in targets:
-        targets["classes_"] = np.asarray(targets["classes_"]["values"], dtype=np.dtype(targets["classes_"]["dtype"]))
-    return payload
+    if not set(targets) <= {"classes_", "_y_1d"} or not isinstance(targets.get("_y_1d", False), bool):
+        raise _corrupt(path, f"its targets {sorted(map(str, targets))} are not classes_ or _y_1d (a bool)")
+
+
+def _tensors(payload, path):
+    """Every tensor in ``payload``; a cycle, or nesting deeper than ``_MAX_DEPTH``, is refused."""
+    done, stack = set(), [(payload, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth is None:  # all below ``value`` seen
+            done.add(id(value))
+        elif isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, dict | list | tuple) and id(value) not in done:
+            if depth > _MAX_DEPTH:
+                raise _corrupt(path, f"it nests containers more than {_MAX_DEPTH} deep, or in a cycle")
+            stack.append((value, None))
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+
+
+def _check_optimizer_dict(saved: dict, path) -> None:
+    groups, state = saved.get("param_groups"), saved.get("state")
+    if not (isinstance(groups, list) and isinstance(state, dict) and all(
+            isinstance(g, dict) and isinstance(g.get("params"), list) and all(type(i) is int for i in g["params"])
+            for g in groups)):
+        raise _corrupt(path, "its optimizer is not an optimizer state dict")
+    for i, entry in state.items():
+        if not (type(i) is int and isinstance(entry, dict) and all(
+                isinstance(k, str) and (v is None or isinstance(v, torch.Tensor | bool | int | float))
+                for k, v in entry.items())):
+            raise _corrupt(path, f"its optimizer state {i!r} is not named tensors and numbers")
+
+
+def _check_loop(loop: dict, path) -> None:
+    """The fields of :class:`LoopState`: counts are integers >= 0, the others numbers or None."""
+    names = {f.name for f in dataclasses.fields(LoopState)}
+    if not set(loop) <= names:
+        raise _corrupt(path, f"its loop has fields LoopState has not: {sorted(map(str, set(loop) - names))}")
+    for f in dataclasses.fields(LoopState):
+        value = loop.get(f.name, f.default)
+        if f.type == "int":
+            ok = type(value) is int and value >= 0
+        else:
+            ok = value is None or isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok:
+            raise _corrupt(path, f"its loop.{f.name} is {repr(value)[:40] if f.name in loop else 'missing'}")
+
+
+def _label_dtype(saved, path) -> np.dtype:
+    """The dtype of saved ``classes_``: of plain labels of at most ``_MAX_LABEL_BYTES`` each, with
+    values of its kind (``np.dtype('V2000000000')`` would take 2 GB a label)."""
+    if not (isinstance(saved, dict) and isinstance(saved.get("values"), list) and isinstance(saved.get("dtype"), str)):
+        raise _corrupt(path, "its classes_ is not a list of labels and a dtype")
+    try:  # only the strings ``dtype.str`` gives for these kinds: numpy parses others with ``ast``
+        dtype = np.dtype(saved["dtype"]) if re.fullmatch(r"[<>|=]?[biufcUSO]\d{0,4}", saved["dtype"]) else None
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind not in _LABEL_TYPES or not 0 < dtype.itemsize <= _MAX_LABEL_BYTES:
+        raise _corrupt(path, f"its classes_ dtype {saved['dtype'][:40]!r} is not one of plain labels")
+    if not all(isinstance(v, _LABEL_TYPES[dtype.kind]) for v in saved["values"]):
+        raise _corrupt(path, f"its classes_ values are not all of its dtype {dtype}")
+    return dtype
+
+
+def _check_fits(payload: dict, like: TrainingState, path) -> None:
+    """What ``like`` can take: its module's tensor names, shapes and dtypes, its optimizer's
+    parameter groups and state shapes, and its targets (the same number of classes)."""
+    mine, theirs = like.module.state_dict(), payload["module"]
+    if theirs.keys() != mine.keys():
+        differ = sorted(set(theirs) ^ set(mine))[:4]
+        raise _corrupt(path, f"its module has other tensors than this estimator's ({differ})")
+    for name, t in theirs.items():
+        if (t.shape, t.dtype) != (mine[name].shape, mine[name].dtype):
+            raise _corrupt(path, f"its module tensor {name!r} is {tuple(t.shape)} {t.dtype}; this estimator's module "
+                                 f"has {tuple(mine[name].shape)} {mine[name].dtype}")
+    _check_optimizer(payload["optimizer"], like.optimizer, path)
+    targets, expected = payload["targets"], {k: like.targets[k] for k in ("classes_", "_y_1d") if k in like.targets}
+    if targets.keys() != expected.keys():
+        raise _corrupt(path, f"it holds the targets {sorted(targets)}; this estimator has {sorted(expected)}")
+    if "classes_" in targets and len(targets["classes_"]["values"]) != len(expected["classes_"]):
+        raise _corrupt(path, f"it holds {len(targets['classes_']['values'])} classes; this estimator's data and "
+                             f"module have {len(expected['classes_'])}")
+
+
+def _check_optimizer(saved: dict, optimizer, path) -> None:
+    """Groups of the same sizes and settings of the same kinds as ``optimizer``'s; each state
+    tensor floating point and a scalar or of its parameter's shape, where dimensions of 1 are
+    taken for Adafactor's factored moments: never more elements than the parameter."""
+    current = optimizer.state_dict()["param_groups"]
+    groups = saved["param_groups"]
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in current]:
+        raise _corrupt(path, "its optimizer has other parameter groups than this estimator's")
+    ids = [i for g in groups for i in g["params"]]
+    params = dict(zip(ids, [p for g in optimizer.param_groups for p in g["params"]]))
+    if len(params) != len(ids):
+        raise _corrupt(path, "its optimizer names a parameter twice")
+    for group, mine in zip(groups, current):
+        odd = [k for k, v in group.items() if k != "params" and not _same_kind(v, mine.get(k))]
+        odd += sorted(set(optimizer.defaults) - set(group))
+        if odd:
+            raise _corrupt(path, f"its optimizer setting {odd[0]!r} is {repr(group.get(odd[0], 'missing'))[:40]}")
+    for i, entry in saved["state"].items():
+        if i not in params:
+            raise _corrupt(path, f"its optimizer has state for a parameter {i} it does not have")
+        shape = params[i].shape
+        for key, value in entry.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            same_rank = value.dim() == len(shape) and all(a in (1, b) for a, b in zip(value.shape, shape))
+            if not (value.is_floating_point() and (value.dim() == 0 or same_rank)):
+                raise _corrupt(path, f"its optimizer state {key!r} is {tuple(value.shape)} {value.dtype}, for a "
+                                     f"parameter of shape {tuple(shape)}")
+
+
+def _same_kind(value, current) -> bool:
+    """Whether an optimizer setting from the file is of the kind this optimizer's is (where it has
+    none, or None: a plain scalar)."""
+    if isinstance(current, list | tuple):
+        return isinstance(value, list | tuple) and len(value) == len(current) and all(map(_same_kind, value, current))
+    if current is None:
+        return value is None or isinstance(value, bool | int | float | str)
+    return _kind(value) == _kind(current)
 
 
 def plain(value):
@@ -238,8 +463,10 @@ def restore_damper(damper, saved: dict) -> None:
     Raises
     ------
     ValueError
-        The state is for another schedule, or names or values something else (the message
-        names the file when it came from :func:`load`).
+        The state is for another schedule.
+    CorruptCheckpointError
+        The state names or values something else (the message names the file when it came
+        from :func:`load`).
     """
     source = saved.get("file", "the checkpoint") if isinstance(saved, dict) else "the checkpoint"
     _restore_fitted(damper, saved, source, type(damper).__name__)
@@ -247,7 +474,7 @@ def restore_damper(damper, saved: dict) -> None:
 
 def _restore_fitted(damper, saved, source: str, where: str) -> None:
     def refuse(why: str):
-        return ValueError(
+        return CorruptCheckpointError(
             f"Refusing the damper state in {source}: {why}. adadamp writes only the damper's own fitted "
             "attributes; the file was changed or written by another program. Delete it to start afresh."
         )
@@ -328,13 +555,19 @@ def _sync_directory(directory: Path) -> None:
 
 
 def restore(state: TrainingState, saved: dict, n_data: int) -> list:
-    """Overlay a loaded checkpoint on freshly built ``state``; returns the epoch's updates so far."""
+    """Overlay a checkpoint from ``load(path, like=state)`` on ``state``; returns the epoch's updates so far.
+
+    What can still be refused (the example count, the damper state, restored on a copy) is before
+    ``state`` changes, so a refused file leaves a fitted estimator's state as it was.
+    """
     loop = LoopState(**saved["loop"])
     if loop.n_data != n_data:
         raise ValueError(f"The checkpoint was written for {loop.n_data} examples; X has {n_data}.")
+    damper = copy.deepcopy(state.damper)
+    restore_damper(damper, saved["damper"])
     state.module.load_state_dict(saved["module"])
     state.optimizer.load_state_dict(saved["optimizer"])
-    restore_damper(state.damper, saved["damper"])
+    state.damper = damper
     state.targets.update(saved["targets"])
     state.loop, state.history = loop, list(saved["history"])
     return saved["epoch_updates"]
@@ -358,7 +591,7 @@ def load_parts(state: TrainingState, n_data: int, *, f_params=None, f_optimizer=
     """What ``load_params`` reads into ``state`` (the checkpoint first, then the named parts over it);
     ``n_data``: the examples the state was fitted on (a checkpoint must match)."""
     if f_checkpoint is not None:
-        restore(state, load(f_checkpoint), n_data)
+        restore(state, load(f_checkpoint, like=state), n_data)
     if f_params is not None:
         state.module.load_state_dict(torch.load(f_params, weights_only=True))
     if f_optimizer is not None:

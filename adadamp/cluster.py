@@ -16,15 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import logging
 import math
 import os
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 
-from distributed import Client, Nanny
+from distributed import Client, Nanny, Scheduler
 from distributed.core import Status
 
 from . import embedded
@@ -84,10 +86,13 @@ class ClusterPolicy:
         """The policy an estimator's parameters ask for; ``embedded``: the fit takes the embedded
         cluster (then it scales by default, up to one worker per core)."""
         scale = params["scale_cluster"] if params["scale_cluster"] is not None else embedded
+        max_workers = params["max_workers"] or (default_n_workers() if embedded else 16)
+        if embedded:
+            max_workers = bounded_by_machine(params["min_workers"], max_workers)
         return cls(
             grads_per_worker=params["grads_per_worker"],
             min_workers=params["min_workers"],
-            max_workers=params["max_workers"] or (default_n_workers() if embedded else 16),
+            max_workers=max_workers,
             scale=bool(scale),
             scale_wait=float(params["scale_wait"]),
             worker_timeout=float(params["worker_timeout"]),
@@ -113,9 +118,42 @@ def default_n_workers() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def bounded_by_machine(min_workers: int, max_workers: int) -> int:
+    """``max_workers`` for the embedded cluster, within what this machine may start (dask config
+    ``adadamp.embedded-cluster.max-workers``, default four per core: emulated accelerators sleep);
+    a ``min_workers`` above it is refused before any process starts.  Search spaces and configs
+    written by others reach these parameters."""
+    bound = embedded.max_workers()
+    if min_workers > bound:
+        raise ValueError(
+            f"min_workers={min_workers} asks the embedded cluster for more worker processes than this machine "
+            f"may start ({bound}: {embedded.MAX_WORKERS_KEY}, default four per core). Lower min_workers, pass a "
+            f"client= of a cluster that has them, or raise the bound: dask.config.set({{{embedded.MAX_WORKERS_KEY!r}: n}})."
+        )
+    if max_workers > bound:
+        warnings.warn(
+            f"max_workers={max_workers} is capped at {bound} on the embedded cluster ({embedded.MAX_WORKERS_KEY}, "
+            "default four per core); pass a client= of a larger cluster or raise the bound in dask config.",
+            UserWarning, stacklevel=4,
+        )
+    return min(max_workers, bound)
+
+
+#: Keyword arguments that make the scheduler list every worker.  distributed 2025.4.0 added
+#: ``n_workers`` to ``Scheduler.identity`` and ``Client.scheduler_info`` (the client's default lists
+#: 5 workers); the releases before it list every worker and a scheduler of theirs answers the
+#: argument with a logged ``TypeError`` (``Exception while handling op identity``).
+ALL_WORKERS: dict = {"n_workers": -1} if "n_workers" in inspect.signature(Scheduler.identity).parameters else {}
+
+
+def scheduler_info(client: Client) -> dict:
+    """``client.scheduler_info()`` listing every worker, on every supported version of distributed."""
+    return client.scheduler_info(**ALL_WORKERS)
+
+
 def live_workers(client: Client) -> dict[str, dict]:
     """Address -> info of the workers the scheduler knows and considers running."""
-    info = client.scheduler_info(n_workers=-1)
+    info = scheduler_info(client)
     if "workers" not in info:  # the client lost its scheduler
         raise ConnectionError(f"no answer from the Dask scheduler (client status: {client.status})")
     return running(info["workers"])
@@ -126,15 +164,18 @@ def running(workers: dict[str, dict]) -> dict[str, dict]:
     return {a: w for a, w in workers.items() if w.get("status", "running") == "running"}
 
 
-async def watch_workers(client: Client, interval: float, report) -> None:
-    """Call ``report(running_workers_or_exception)`` every ``interval`` s, on the client's event loop.
+async def watch_workers(client: Client, interval: float, report, before=None) -> None:
+    """Call ``report(running_workers_or_exception)`` every ``interval`` s, on the client's event loop
+    (after ``await before()``, where given: the fit's grant renewed).
 
     The training thread reads the latest report instead of waiting for the
     scheduler each time it looks at the membership.
     """
     while True:
         try:
-            info = await client.scheduler.identity(n_workers=-1)
+            if before is not None:
+                await before()
+            info = await client.scheduler.identity(**ALL_WORKERS)
             report(running(info["workers"]))
         except asyncio.CancelledError:
             raise
@@ -164,7 +205,7 @@ def ensure_plugin(client: Client, make_plugin, name: str, register=None) -> bool
     host was killed trained without the plugin's handlers otherwise (tests/test_multihost.py).
     """
     with _REGISTERING:  # concurrent fits (a threaded search): one broadcast, not one tearing down another's
-        identity = client.scheduler_info(n_workers=-1)
+        identity = scheduler_info(client)
         seen = (identity.get("id"), frozenset(identity.get("workers", {})))
         known = _REGISTERED.setdefault(client, {})
         if seen[0] is not None and known.get(name) == seen:
@@ -209,7 +250,7 @@ def request_workers(client: Client, n: int) -> bool:
     return True
 
 
-def heal(client: Client, n: int, gone: set[str]) -> None:
+def heal(client: Client, n: int, gone: set[str], scale: bool = True) -> None:
     """Ask again for ``n`` workers after some were lost (preempted jobs, lifetimes).
 
     SpecCluster keeps the spec of a job that died and resubmits it only after
@@ -225,7 +266,7 @@ def heal(client: Client, n: int, gone: set[str]) -> None:
     specs = getattr(cluster, "worker_spec", {})
     # A name the scheduler still lists is alive (a worker this fit gave up on, or another fit's on a
     # shared cluster): only the specs of workers the scheduler dropped are scaled down.
-    registered = {str(w.get("name")) for w in client.scheduler_info(n_workers=-1)["workers"].values()}
+    registered = {str(w.get("name")) for w in scheduler_info(client)["workers"].values()}
     dead = [
         name for name in specs
         if (str(name) in gone or any(g.startswith(f"{name}-") for g in gone))
@@ -234,7 +275,8 @@ def heal(client: Client, n: int, gone: set[str]) -> None:
     ]
     if dead and hasattr(cluster, "scale_down"):
         cluster.sync(cluster.scale_down, dead)
-    _scale(cluster, n)
+    if scale:  # else the allocator's adaptive sizes the cluster (adadamp.allocator)
+        _scale(cluster, n)
 
 
 def _restarting(worker) -> bool:
@@ -257,7 +299,7 @@ def retire(client: Client, addresses: list[str], target: int, timeout: float = 1
     by name first makes the retired specs "not launched", so the following
     ``cluster.scale`` drops them rather than a live worker.
     """
-    info = client.scheduler_info(n_workers=-1)["workers"]
+    info = scheduler_info(client)["workers"]
     names = [info[a]["name"] for a in addresses if a in info]
     client.retire_workers(workers=addresses, close_workers=True, remove=True)
     cluster = getattr(client, "cluster", None)

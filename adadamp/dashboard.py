@@ -3,15 +3,19 @@
 A fit publishes what it does as Dask events (``Client.log_event``): its parameters when it
 starts, its update records in batches (at most every half second, less often as a long fit goes
 on, so a fit stays within the scheduler's event log) and each epoch's row.  The scheduler keeps
-them; the page reads them there.  The page is two HTTP routes on the dashboard's own server,
+them; the page reads them there.  The page is three HTTP routes on the dashboard's own server
+(the page, its JSON, and its script, style sheet and Bokeh's JavaScript: :data:`routes`),
 added through Dask's documented extension point, the config key
 ``distributed.scheduler.http.routes`` (the embedded cluster lists ``"adadamp.dashboard"`` there),
 or, on a scheduler started without it, by a scheduler plugin that a client registers once
 (:func:`serve`: tornado's ``add_handlers`` on the scheduler's HTTP application, once).  Its plots
 are Bokeh figures, as Dask's pages, that poll the fit's JSON once a second.  The page embeds what
 fits published (names, parameters) as text only: a fit id is checked against :data:`FIT_ID`, JSON
-in the page's script has ``<``, ``>`` and ``&`` escaped, and the tables are built with
-``textContent``.
+in the page's data blocks has ``<``, ``>`` and ``&`` escaped, and the tables are built with
+``textContent``; every response sends a :data:`CSP` that runs no inline script, and
+``X-Content-Type-Options: nosniff``.  The JSON reads each field of the events on its own
+(:func:`fit_data`): an odd event (a batch size that is None, a string, NaN) is a blank on the
+page, never an error.
 
 Publishing needs nothing on the scheduler: with no page installed, no Bokeh or no dashboard the
 fit runs the same, and a publication that fails is dropped, never raised.
@@ -19,6 +23,7 @@ fit runs the same, and a publication that fails is dropped, never raised.
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import logging
@@ -143,71 +148,115 @@ def short_params(params: dict) -> dict:
 
 # --------------------------------------------------------------------------- scheduler side
 def fit_list(scheduler) -> list[dict]:
-    """The fits that published to this scheduler, newest first."""
-    fits = [msg for _, msg in scheduler.get_events(TOPIC) if msg.get("kind") == "start"]
-    return sorted(fits, key=lambda f: f["time"], reverse=True)
+    """The fits that published to this scheduler, newest first, as the page reads them: a start event
+    whose fit id is not one (:data:`FIT_ID`) is left out, and its other fields are checked one by one
+    (:func:`_start`), so that an odd event shows as blanks, never as an error."""
+    fits = [_start(msg) for _, msg in scheduler.get_events(TOPIC) if isinstance(msg, dict) and msg.get("kind") == "start"]
+    return sorted((f for f in fits if f is not None), key=lambda f: f["time"], reverse=True)
+
+
+def _start(msg: dict) -> dict | None:
+    fit = msg.get("fit")
+    if not isinstance(fit, str) or not FIT_ID.fullmatch(fit):
+        return None
+    params = msg.get("params")
+    params = {k: _text(v) for k, v in params.items() if isinstance(k, str)} if isinstance(params, dict) else {}
+    return {"fit": fit, "name": _text(msg.get("name")) or "", "params": {k: v for k, v in params.items() if v is not None},
+            "epochs": _finite(msg.get("epochs")), "time": _finite(msg.get("time")) or 0.0}
+
+
+def _finite(value) -> int | float | None:
+    """``value`` where it is a finite number (not a bool), else None: what a published number becomes
+    on the page, whatever an event holds (None, a string, NaN, infinity, a list)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if isinstance(value, int) or math.isfinite(value) else None
+
+
+def _text(value) -> str | None:
+    """``value`` as the page's text: a string, a number written out, else None."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return str(value)
+    return None
+
+
+#: The numbers of an epoch's row the page reads (with the epoch's ``eta`` and ``time``).
+EPOCH_FIELDS = ("epoch", "n_updates", "n_samples_seen", "train_loss", "valid_loss", "batch_size")
 
 
 def fit_data(scheduler, fit: str) -> dict:
-    """Everything the page shows of one fit: its parameters, update and epoch series, progress."""
+    """Everything the page shows of one fit: its parameters, update and epoch series, progress.  Each
+    field of the fit's events is read on its own: one that is not a finite number (None, a string, NaN,
+    infinity) or is missing is None (null in the JSON, a blank in the table), and an event or row of
+    another shape is skipped."""
     start = next((f for f in fit_list(scheduler) if f["fit"] == fit), None)
-    updates: list[dict] = []
+    columns = ("update", "time", *UPDATE_FIELDS)
+    rows: list[dict] = []
     epochs: list[dict] = []
     end = None
     for _, msg in scheduler.get_events(f"{TOPIC}/{fit}"):
-        if msg["kind"] == "updates":
-            updates.extend(msg["rows"])
-        elif msg["kind"] == "epoch":
-            epochs.append({**msg["row"], "eta": msg["eta"], "time": msg["time"]})
-        elif msg["kind"] == "end":
-            end = msg
-    stride = max(1, math.ceil(len(updates) / MAX_POINTS))
-    shown = updates[::stride]
-    if updates and shown[-1] is not updates[-1]:
-        shown.append(updates[-1])
+        kind = msg.get("kind") if isinstance(msg, dict) else None
+        if kind == "updates" and isinstance(msg.get("rows"), list | tuple):  # msgpack: tuples
+            rows.extend(row for row in msg["rows"] if isinstance(row, dict))
+        elif kind == "epoch" and isinstance(msg.get("row"), dict):
+            epochs.append({**{k: _finite(msg["row"].get(k)) for k in EPOCH_FIELDS},
+                           "eta": _finite(msg.get("eta")), "time": _finite(msg.get("time"))})
+        elif kind == "end":
+            error = msg.get("error")
+            end = {"error": None if error is None or error == "" else _text(error) or "(no message)",
+                   "time": _finite(msg.get("time"))}
+    stride = max(1, math.ceil(len(rows) / MAX_POINTS))
+    shown = rows[::stride]
+    if rows and shown[-1] is not rows[-1]:
+        shown.append(rows[-1])
+    shown = [{c: _finite(row.get(c)) for c in columns} for row in shown]  # the last update is the last shown
+    now = shown[-1] if shown else dict.fromkeys(columns)
     last = epochs[-1] if epochs else {}
+    seen = last.get("n_samples_seen")
     progress = {
         "epoch": len(epochs),
         "epochs": None if start is None else start["epochs"],
-        "updates": updates[-1]["update"] if updates else 0,
-        "examples_seen": last.get("n_samples_seen", sum(u.get("batch_size", 0) for u in updates)),
+        "updates": now["update"] or 0,
+        "examples_seen": seen if seen is not None else sum(_finite(row.get("batch_size")) or 0 for row in rows),
         "train_loss": last.get("train_loss"),
         "valid_loss": last.get("valid_loss"),
-        "batch_size": last.get("batch_size", updates[-1].get("batch_size") if updates else None),
-        "workers": updates[-1].get("n_workers") if updates else None,
+        "batch_size": _first(last.get("batch_size"), now["batch_size"]),
+        "workers": now["n_workers"],
         "eta_s": None if end is not None else last.get("eta"),
-        "state": "running" if end is None else ("failed: " + end["error"] if end.get("error") else "finished"),
-        "elapsed_s": (end or {}).get("time", updates[-1]["time"] if updates else 0.0),
+        "state": "running" if end is None else ("failed: " + end["error"] if end["error"] else "finished"),
+        "elapsed_s": _first(end and end["time"], now["time"], 0.0),
     }
-    columns = ("update", "time", *UPDATE_FIELDS)
     return {
         "fit": fit,
         "name": None if start is None else start["name"],
         "params": {} if start is None else start["params"],
         "progress": progress,
-        "updates": {c: [u.get(c) for u in shown] for c in columns},
-        "epochs": {
-            "epoch": [e.get("epoch") for e in epochs],
-            "n_updates": [e.get("n_updates") for e in epochs],
-            "train_loss": [e.get("train_loss") for e in epochs],
-            "valid_loss": [e.get("valid_loss", math.nan) for e in epochs],
-        },
+        "updates": {c: [u[c] for u in shown] for c in columns},
+        "epochs": {k: [e[k] for e in epochs] for k in ("epoch", "n_updates", "train_loss", "valid_loss")},
     }
 
 
+def _first(*values):
+    """The first of ``values`` that is not None (None where all are)."""
+    return next((v for v in values if v is not None), None)
+
+
 def _json(value) -> str:
-    """JSON with NaN and infinity as null (browsers' JSON.parse refuses them)."""
+    """Strict JSON (what browsers' ``JSON.parse`` takes): NaN, infinity and whatever JSON has no
+    value for (bytes, sets, objects) are null, keys are strings."""
 
     def clean(v):
         if isinstance(v, float) and not math.isfinite(v):
             return None
         if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items()}
+            return {str(k): clean(x) for k, x in v.items()}
         if isinstance(v, list | tuple):
             return [clean(x) for x in v]
-        return v
+        return v if v is None or isinstance(v, str | int | float) else None
 
-    return json.dumps(clean(value))
+    return json.dumps(clean(value), allow_nan=False)
 
 
 def _script_json(value) -> str:
@@ -216,7 +265,22 @@ def _script_json(value) -> str:
     return _json(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-class _FitHandler(RequestHandler):
+#: The page's Content-Security-Policy, sent with every response of its routes (issue 50): scripts
+#: only from the page's own files (``/adadamp/static/``; none inline, no ``eval``), requests only
+#: to the scheduler's server, nothing else loaded (no plugins, frames, fonts, forms).  Two
+#: allowances are Bokeh's: inline styles (it styles its plots with ``<style>`` elements it makes,
+#: without a nonce; styles run no code) and ``data:`` images (its toolbar's icons).
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "connect-src 'self'; base-uri 'none'; form-action 'none'")
+
+
+class _Handler(RequestHandler):
+    def set_default_headers(self) -> None:  # tornado sets them again before an error's page
+        self.set_header("Content-Security-Policy", CSP)
+        self.set_header("X-Content-Type-Options", "nosniff")
+
+
+class _FitHandler(_Handler):
     def chosen_fit(self, fits: list[dict]) -> str | None:
         """The ``fit`` argument, or the newest fit where there is none; a malformed id is a 400 (it
         never reaches the page), an id no fit published a 404."""
@@ -254,18 +318,43 @@ class TrainingPage(_FitHandler):
 
     def get(self):
         fit = self.chosen_fit(fit_list(self.server)) or ""
-        base = self.request.path.rstrip("/") + "/data.json"
-        self.set_header("Content-Type", "text/html")
+        base = self.request.path.rstrip("/")
+        self.set_header("Content-Type", "text/html; charset=utf-8")
         try:
-            self.write(page_html(base, fit))
+            self.write(page_html(base + "/data.json", fit, static=base + "/static/"))
         except ImportError:
-            link = html.escape(base)
+            link = html.escape(base + "/data.json")
             self.write("<p>The adadamp training page needs Bokeh on the scheduler: <code>pip install bokeh</code> "
                        f"(its data is at <a href='{link}'>{link}</a>).</p>")
 
 
+class PageFiles(_Handler):
+    """``/adadamp/static/NAME``: the page's script and style sheet and Bokeh's JavaScript, served from
+    the scheduler (the page loads nothing else, and nothing from the network)."""
+
+    def get(self, name: str):
+        if name not in _FILES:
+            raise HTTPError(404, reason="no such file of the adadamp page")
+        content_type, body = _FILES[name]
+        try:
+            body = body()
+        except (ImportError, OSError) as err:
+            raise HTTPError(404, reason="Bokeh's JavaScript is not installed on the scheduler") from err
+        self.set_header("Content-Type", content_type)
+        self.set_header("Cache-Control", "no-cache")  # revalidated: tornado answers 304 to a matching ETag
+        self.write(body)
+
+
+@functools.cache
+def _bokeh_js() -> bytes:
+    from bokeh.util.paths import bokehjs_path
+
+    return (bokehjs_path() / "js" / "bokeh.min.js").read_bytes()
+
+
 #: The routes Dask's scheduler serves when ``"adadamp.dashboard"`` is in ``distributed.scheduler.http.routes``.
-routes = [("adadamp", TrainingPage, {}), ("adadamp/data.json", TrainingData, {})]
+routes = [("adadamp", TrainingPage, {}), ("adadamp/data.json", TrainingData, {}),
+          ("adadamp/static/([a-z.-]+)", PageFiles, {})]
 
 
 class PageRoutes(SchedulerPlugin):
@@ -302,14 +391,16 @@ def serve(client) -> str | None:
     return (link[: -len("/status")] if link.endswith("/status") else link.rstrip("/")) + "/adadamp"
 
 
-def page_html(data_url: str, fit: str) -> str:
-    """The page: Bokeh figures polling ``data_url`` for ``fit``, and a progress table kept current by a
-    few lines of JavaScript (Bokeh's JavaScript is inlined: the page needs no network)."""
-    from bokeh.embed import components
+def page_html(data_url: str, fit: str, static: str = "static/") -> str:
+    """The page: Bokeh figures polling ``data_url`` for ``fit``, and a progress table kept current by
+    the page's script.  It runs no inline script (its :data:`CSP` forbids any): the scripts are files
+    under ``static`` (:class:`PageFiles`: Bokeh's JavaScript and ``page.js``), and the plots and the
+    page's settings are JSON data blocks that ``page.js`` reads and hands to Bokeh."""
+    from bokeh import __version__ as bokeh_version
+    from bokeh.embed import json_item
     from bokeh.layouts import gridplot
     from bokeh.models import AjaxDataSource
     from bokeh.plotting import figure
-    from bokeh.resources import Resources
 
     def source(what: str, name: str) -> AjaxDataSource:
         return AjaxDataSource(data_url=f"{data_url}?fit={fit}&what={what}", polling_interval=1000, mode="replace",
@@ -344,51 +435,62 @@ def page_html(data_url: str, fit: str) -> str:
     for fig in (loss, times, workers, shares, efficiency):
         fig.legend.location = "top_right"
         fig.legend.click_policy = "hide"
-    script, div = components(gridplot([[loss, times], [batch, lr], [workers, shares], [noise, efficiency]]))
-    resources = Resources(mode="inline", components=["bokeh"])  # Bokeh's JavaScript in the page (1.3 MB)
-    return _PAGE.format(resources=resources.render(), script=script, div=div, data_url=_script_json(data_url),
-                        fit=_script_json(fit))
+    plots = json_item(gridplot([[loss, times], [batch, lr], [workers, shares], [noise, efficiency]]))
+    return _PAGE.format(static=html.escape(static), bokeh_version=html.escape(bokeh_version),
+                        plots=_script_json(plots), settings=_script_json({"dataUrl": data_url, "fit": fit}))
 
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>adadamp: training</title>
-{resources}
-<style>
- body {{ font-family: sans-serif; margin: 1em; }}
- table {{ border-collapse: collapse; margin: 0.5em 1em 1em 0; vertical-align: top; display: inline-table; }}
- td, th {{ border: 1px solid #ccc; padding: 2px 8px; text-align: left; font-size: 13px; }}
-</style></head>
+<link rel="stylesheet" href="{static}page.css">
+<script src="{static}bokeh.min.js?v={bokeh_version}"></script>
+</head>
 <body>
 <h2>adadamp: <span id="name">no fit has published to this scheduler yet</span></h2>
 <div><label>fit <select id="fits"></select></label> <span id="state"></span></div>
 <table id="progress"></table>
 <p id="plotted"></p>
-{div}
+<div id="plots"></div>
 <details><summary>parameters</summary><table id="params"></table></details>
-{script}
-<script>
-const dataUrl = {data_url}, fit = {fit};
-function cells(table, rows) {{  // text only: what fits published is never parsed as HTML
-  document.getElementById(table).replaceChildren(...rows.map(([k, v]) => {{
+<script type="application/json" id="plots-json">{plots}</script>
+<script type="application/json" id="settings-json">{settings}</script>
+<script src="{static}page.js"></script>
+</body></html>
+"""
+
+_PAGE_CSS = """\
+body { font-family: sans-serif; margin: 1em; }
+table { border-collapse: collapse; margin: 0.5em 1em 1em 0; vertical-align: top; display: inline-table; }
+td, th { border: 1px solid #ccc; padding: 2px 8px; text-align: left; font-size: 13px; }
+"""
+
+_PAGE_JS = """\
+"use strict";
+(() => {
+const json = id => JSON.parse(document.getElementById(id).textContent);
+const {dataUrl, fit} = json("settings-json");
+Bokeh.embed.embed_item(json("plots-json"), "plots");
+function cells(table, rows) {  // text only: what fits published is never parsed as HTML
+  document.getElementById(table).replaceChildren(...rows.map(([k, v]) => {
     const row = document.createElement("tr"), th = document.createElement("th"), td = document.createElement("td");
     th.textContent = k;
     td.id = table + "-" + k;
     td.textContent = v === null || v === undefined ? "" : v;
     row.append(th, td);
     return row;
-  }}));
-}}
-function fmt(v, digits) {{ return (typeof v === "number") ? Number(v.toPrecision(digits)) : v; }}
-async function refresh() {{
-  try {{
+  }));
+}
+function fmt(v, digits) { return (typeof v === "number") ? Number(v.toPrecision(digits)) : v; }
+const select = document.getElementById("fits");
+select.addEventListener("change", () => { window.location.search = "?fit=" + encodeURIComponent(select.value); });
+async function refresh() {
+  try {
     const r = await (await fetch(dataUrl + "?what=summary&fit=" + encodeURIComponent(fit))).json();
     if (!r.fit) return;
     document.getElementById("name").textContent = r.name + " (fit " + r.fit + ")";
     document.getElementById("state").textContent = r.progress.state;
-    const select = document.getElementById("fits");
     select.replaceChildren(...r.fits.map(f => new Option(
       f.name + " " + new Date(f.time * 1000).toLocaleTimeString(), f.fit, false, f.fit === r.fit)));
-    select.onchange = () => {{ window.location.search = "?fit=" + encodeURIComponent(select.value); }};
     const p = r.progress;
     cells("progress", [["epoch", p.epoch + (p.epochs ? " / " + p.epochs : "")], ["updates", p.updates],
       ["examples_seen", p.examples_seen], ["train_loss", fmt(p.train_loss, 6)], ["valid_loss", fmt(p.valid_loss, 6)],
@@ -399,9 +501,15 @@ async function refresh() {{
     const src = doc && doc.get_model_by_name("updates");
     if (src) document.getElementById("plotted").textContent =
       "points plotted: " + (src.data.update ? src.data.update.length : 0);
-  }} catch (err) {{ document.getElementById("state").textContent = "(no data: " + err + ")"; }}
-}}
+  } catch (err) { document.getElementById("state").textContent = "(no data: " + err + ")"; }
+}
 refresh(); setInterval(refresh, 1000);
-</script>
-</body></html>
+})();
 """
+
+#: What :class:`PageFiles` serves: name -> (content type, the bytes' maker).
+_FILES = {
+    "page.js": ("text/javascript; charset=utf-8", lambda: _PAGE_JS.encode()),
+    "page.css": ("text/css; charset=utf-8", lambda: _PAGE_CSS.encode()),
+    "bokeh.min.js": ("text/javascript; charset=utf-8", _bokeh_js),
+}

@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import inspect
 import logging
+import math
 import multiprocessing
 import os
 import sys
@@ -22,14 +23,18 @@ from pathlib import Path
 
 import dask
 from dask.utils import parse_timedelta
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, Security
 from distributed.core import Status
+
+from . import allocator
 
 logger = logging.getLogger(__name__)
 
 # One per process, shared by the fits that run with no client (a search, a loop of fits, a
 # notebook): starting worker processes costs seconds, a fit on a warm cluster a fraction of one.
 IDLE_TIMEOUT = "10 minutes"  #: default of the dask config key ``adadamp.embedded-cluster.idle-timeout``
+
+MAX_WORKERS_KEY = "adadamp.embedded-cluster.max-workers"  #: dask config: the most worker processes (None: 4 per core)
 
 _LOCK = threading.Lock()  # guards _EMBEDDED: concurrent fits (a threaded search) start one cluster
 _EMBEDDED: _Embedded | None = None
@@ -65,7 +70,12 @@ class _Embedded:
                     n_workers=n_workers,
                     threads_per_worker=1,
                     processes=True,
-                    dashboard_address="127.0.0.1:0",  # loopback: the dashboard has no authentication
+                    # A Dask scheduler runs any connector's code: TLS with a key and certificate made
+                    # now, in memory, and handed only to the workers it spawns, so that no other local
+                    # user can connect (loopback alone does not keep them out).
+                    security=Security.temporary(),
+                    host="127.0.0.1",
+                    dashboard_address="127.0.0.1:0",  # the dashboard is read-only HTTP, on loopback
                     silence_logs=logging.ERROR,
                 )
             except Exception:
@@ -74,6 +84,8 @@ class _Embedded:
                     raise RuntimeError(MAIN_GUARD.format(where=where)) from None
                 raise
         self.client = Client(self.cluster, set_as_default=False)
+        # Workers no fit holds stay as long as the cluster does (until its idle timeout closes it).
+        allocator.ensure_allocator(self.client, idle=_idle_timeout() or math.inf)
         self.size = n_workers  # the most workers a fit asked for: the cluster never shrinks below
         self.users = 0  # fits training on it now
         self.timer: threading.Timer | None = None  # closes it when idle
@@ -85,9 +97,11 @@ class _Embedded:
         return self.client.status == "running" and self.cluster.status == Status.running
 
     def grow(self, n: int) -> None:
-        """At least ``n`` workers (never fewer than a fit asked for: other fits may use them)."""
+        """At least ``n`` workers for a fit about to start (the allocator's adaptive, once a fit
+        declared its wants, sizes it from then on: :mod:`adadamp.allocator`)."""
         self.size = max(self.size, n)
-        self.cluster.scale(self.size)
+        if n > len(self.cluster.plan):
+            self.cluster.scale(n)
 
     def close(self) -> None:
         if self.timer is not None:
@@ -196,6 +210,17 @@ def _expire(embedded: _Embedded, idle: float) -> None:
         _EMBEDDED = None
     embedded.close()
     logger.info("closed the embedded cluster after %.0f s without a fit", idle)
+
+
+def max_workers() -> int:
+    """The most worker processes the embedded cluster starts: dask config
+    ``adadamp.embedded-cluster.max-workers``, default four per core."""
+    value = dask.config.get(MAX_WORKERS_KEY, None)
+    if value is None:
+        return 4 * max(1, os.cpu_count() or 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"dask config {MAX_WORKERS_KEY}={value!r} is not a positive integer (None: four per core).")
+    return value
 
 
 def _idle_timeout() -> float | None:

@@ -29,7 +29,7 @@ from adadamp.wire.channel import (
     ChannelAuthError,
     ChannelServer,
     WorkerError,
-    tcp_host,
+    channel_host,
 )
 from adadamp.worker import plugin as _worker
 
@@ -40,13 +40,17 @@ from adadamp.worker import plugin as _worker
         ("tcp://127.0.0.1:8786", "127.0.0.1"),
         ("tcp://[::1]:40000", "::1"),
         ("tcp://node-7.cluster:1234", "node-7.cluster"),
-        ("tls://127.0.0.1:8786", None),
+        ("tls://127.0.0.1:8786", "127.0.0.1"),  # the embedded cluster: loopback, no other reader
+        ("tls://[::1]:8786", "::1"),
+        ("tls://localhost:8786", "localhost"),
+        ("tls://10.0.0.1:8786", None),
+        ("tls://node-7.cluster:8786", None),
         ("inproc://10.0.0.1/123/1", None),
         ("ucx://10.0.0.1:1", None),
     ],
 )
-def test_tcp_host(address, host):
-    assert tcp_host(address) == host
+def test_channels_open_on_tcp_and_on_loopback_tls(address, host):
+    assert channel_host(address) == host
 
 
 def _server(compute, n_weights=5):

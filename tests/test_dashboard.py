@@ -103,15 +103,23 @@ def test_publishing_never_stops_a_fit():
     publisher.end()
 
 
-def test_chromium_renders_the_live_page(client, cluster, digits, chromium):
-    est = _geodamp_fit(digits)
+def _dump_dom(chromium, url: str, budget_ms: int = 5000) -> str:
+    """The page at ``url`` as headless Chromium has it after ``budget_ms`` of virtual time; its console
+    (``--enable-logging=stderr``) must show no Content-Security-Policy violation (issue 50)."""
     proc = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=8000", "--dump-dom",
-         _page(cluster)],
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
+         f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
         capture_output=True, text=True, timeout=180, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    dom = proc.stdout
+    violations = [line for line in proc.stderr.splitlines() if "Content Security Policy" in line or "Refused to" in line]
+    assert not violations, "\n".join(violations)[:3000]
+    return proc.stdout
+
+
+def test_chromium_renders_the_live_page(client, cluster, digits, chromium):
+    est = _geodamp_fit(digits)
+    dom = _dump_dom(chromium, _page(cluster), budget_ms=8000)
 
     def cell(name: str) -> str:
         match = re.search(f'id="progress-{name}"[^>]*>([^<]*)<', dom)
@@ -124,15 +132,6 @@ def test_chromium_renders_the_live_page(client, cluster, digits, chromium):
     plotted = re.search(r"points plotted: (\d+)", dom)  # Bokeh loaded and its data source polled the fit
     assert plotted and int(plotted.group(1)) == est.loop_.n_updates
     assert "GeoDamp" in dom and "finished" in dom
-
-
-def _dump_dom(chromium, url: str) -> str:
-    proc = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom", url],
-        capture_output=True, text=True, timeout=180, check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
 
 
 def _status(url: str) -> int:
@@ -170,6 +169,117 @@ def test_fit_ids_are_checked(client, cluster):
     with pytest.raises(urllib.error.HTTPError) as err:
         _get(data + "x")
     assert "fit" in err.value.read().decode()  # the message names the parameter
+
+
+ODD = [None, "32", "", float("nan"), float("inf"), -float("inf"), True, [1, 2], {"a": 1}]
+
+
+def _odd_events(fit: str) -> tuple[dict, list]:
+    """A fit's start and events as no :class:`~adadamp.dashboard.Publisher` sends them (issue 50,
+    item 5): numbers that are None, strings, NaN, infinite, bools or containers, missing fields, rows
+    and messages of another shape."""
+    start = {"kind": "start", "fit": fit, "name": None, "params": {"a": float("nan"), "b": ["x"], "c": "ok"},
+             "epochs": "three", "time": float("nan")}
+    rows = [{"update": k, "time": 0.1 * k, "batch_size": v, "loss": v, "lr": v, "n_workers": v}
+            for k, v in enumerate(ODD, 1)]
+    rows += [{}, {"update": "x", "batch_size": 8}, "not a row", None]
+    events = [
+        {"kind": "updates", "rows": rows}, {"kind": "updates", "rows": None}, {"kind": "updates"},
+        {"kind": "epoch", "row": {"epoch": "1", "n_updates": None, "train_loss": float("nan"), "valid_loss": "x",
+                                  "n_samples_seen": float("inf"), "batch_size": [3]}, "eta": float("inf"), "time": "x"},
+        {"kind": "epoch", "row": None}, {"kind": "epoch"}, {"kind": None}, {"no kind": 1}, "a string", 7,
+        {"kind": "end", "error": 5, "time": None},
+    ]
+    return start, events
+
+
+def _strict_json(text: str):
+    """``text`` parsed as browsers' ``JSON.parse`` would: NaN and Infinity are not JSON."""
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the page's JSON"))
+
+
+def test_odd_events_are_blanks_in_the_data():
+    """Each field of an event is read on its own: what is not a finite number is None (null), and rows
+    or messages of another shape are skipped; the JSON stays strict."""
+    fit = "0123456789ab"
+    start, events = _odd_events(fit)
+
+    class Events:
+        @staticmethod
+        def get_events(topic):
+            if topic == dashboard.TOPIC:
+                return [(0.0, {"kind": "start", "fit": "<script>", "time": 9.0}), (0.0, start)]  # a bad id: not listed
+            return [(0.0, msg) for msg in events]
+
+    fits = dashboard.fit_list(Events())
+    assert fits == [{"fit": fit, "name": "", "params": {"a": "nan", "c": "ok"}, "epochs": None, "time": 0.0}]
+    data = _strict_json(dashboard._json(dashboard.fit_data(Events(), fit)))
+    updates = data["updates"]
+    assert updates["update"] == [*range(1, len(ODD) + 1), None, None]  # the two rows that are dicts kept
+    assert updates["batch_size"] == [None] * (len(ODD) + 1) + [8]
+    assert updates["loss"] == updates["lr"] == updates["n_workers"] == [None] * (len(ODD) + 2)
+    assert data["epochs"] == {"epoch": [None], "n_updates": [None], "train_loss": [None], "valid_loss": [None]}
+    p = data["progress"]
+    assert p["examples_seen"] == p["batch_size"] == 8 and p["train_loss"] is None
+    assert p["epochs"] is None and p["state"] == "failed: 5" and p["elapsed_s"] == 0.0 and p["updates"] == 0
+
+
+def _headers(url: str):
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers, err.read()
+
+
+def test_every_response_of_the_page_sends_its_security_headers(client, cluster):
+    """Issue 50, item 5: the page, its JSON, its files and its error answers all send the
+    Content-Security-Policy (no inline script) and ``X-Content-Type-Options: nosniff``; the page runs
+    no inline script, and the files it loads are served from the scheduler with their types."""
+    publisher = dashboard.Publisher(client, "X", {}, n_data=10, epochs=1)
+    publisher.update(1, {"loss": 0.5, "batch_size": 10, "n_workers": 1})
+    publisher.end()
+    page = _page(cluster)
+    status, _, body = _headers(page + f"?fit={publisher.fit}")
+    loaded = re.findall(r'(?:src|href)="([^"]+)"', body.decode())
+    assert status == 200 and len(loaded) == 3  # the style sheet, Bokeh's JavaScript, the page's script
+    assert not re.search(r"<script(?![^>]*(?:\bsrc=|type=\"application/json\"))", body.decode())  # none inline
+    origin = page[: page.index("/adadamp")]
+    answers = {
+        page + f"?fit={publisher.fit}": (200, "text/html"),
+        page + "/data.json": (200, "application/json"),
+        page + f"/data.json?fit={publisher.fit}&what=updates": (200, "application/json"),
+        page + "/data.json?fit=x": (400, "text/html"),
+        page + "?fit=0123456789ab": (404, "text/html"),
+        page + "/static/nothing.js": (404, "text/html"),
+        **{origin + path: (200, "text/css" if path.endswith(".css") else "text/javascript") for path in loaded},
+    }
+    for url, (expected, content_type) in answers.items():
+        status, headers, body = _headers(url)
+        assert (status, headers["Content-Type"].split(";")[0]) == (expected, content_type), url
+        assert headers["X-Content-Type-Options"] == "nosniff", url
+        csp = {d.split()[0]: d.split()[1:] for d in headers["Content-Security-Policy"].split("; ")}
+        assert csp["default-src"] == ["'none'"] and csp["script-src"] == ["'self'"], url
+    assert len(_headers(origin + loaded[1])[2]) > 500_000  # Bokeh's JavaScript, whole
+
+
+def test_odd_events_never_make_the_json_an_error(client, cluster):
+    """Issue 50, item 5: a fit whose events hold non-numeric, None, NaN or infinite batch sizes and
+    losses, or miss fields, is served (HTTP 200, strict JSON), as is its page."""
+    fit = "feedfacecafe"
+    start, events = _odd_events(fit)
+    client.log_event(dashboard.TOPIC, start)
+    for msg in events:
+        client.log_event(f"{dashboard.TOPIC}/{fit}", msg)
+    data = _page(cluster) + f"/data.json?fit={fit}"
+    summary = _strict_json(_get(data))
+    assert summary["fit"] == fit and summary["progress"]["state"] == "failed: 5"
+    assert fit in [f["fit"] for f in summary["fits"]]
+    updates = _strict_json(_get(data + "&what=updates"))
+    assert updates["batch_size"] == [None] * (len(ODD) + 1) + [8]
+    assert _strict_json(_get(data + "&what=epochs"))["train_loss"] == [None]
+    assert _status(_page(cluster) + f"?fit={fit}") == 200
+    assert _status(_page(cluster) + "/data.json") == 200  # the newest fit, and the list with this one in it
 
 
 def _handler_rules(dask_scheduler) -> int:

@@ -34,6 +34,7 @@ import numpy as np
 from dask.base import tokenize
 from distributed import Client, Future, wait
 
+from ..cluster import scheduler_info
 from ..records import Block, BlockMove
 from ..wire.lost import LOST
 from ..wire.rpc import rpc_call
@@ -214,7 +215,7 @@ class DaskArrayData(DataSource):
                 pass
             pending = [(w, f) for w, f in pending if f.status == "pending"]
             if pending:
-                live = set(self.client.scheduler_info(n_workers=-1)["workers"])
+                live = set(scheduler_info(self.client)["workers"])
                 if not any(w in live for w, _ in pending):
                     return
 

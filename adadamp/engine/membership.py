@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from distributed import Client, get_worker
 
 from .. import cluster as cl
+from ..allocator import Grant
 from ..exceptions import NoWorkersError, SchedulerLostError
 from ..records import ReleaseRequest, SetupReply, SetupRequest
 from ..wire.rpc import rpc_call
@@ -125,18 +126,31 @@ class Membership:
         self._gone_names: set[str] = set()
         self._short_since = math.inf  # when fewer workers than requested were first seen
         self._last_heal = -math.inf
+        self.grant: Grant | None = None  # the workers the cluster's allocator grants this fit (adadamp.allocator)
+
+    def allocate(self, want: int) -> None:
+        """Train only on the workers the cluster's allocator grants this fit, starting with ``want``."""
+        self.grant = Grant(self.client, self.transport.fit_id, self.policy.max_workers)
+        self.grant.declare(want, want)
+
+    def _granted(self, live: dict) -> dict:
+        """The live workers this fit may train on: those granted to it."""
+        if self.grant is None or self.grant.workers is None:
+            return live
+        return {a: w for a, w in live.items() if a in self.grant.workers}
 
     def watch(self):
         """Start watching the scheduler's worker list; returns the watcher (cancel it to stop)."""
         import asyncio
 
+        before = None if self.grant is None else self.grant.renew
         return asyncio.run_coroutine_threadsafe(
-            cl.watch_workers(self.client, MEMBERSHIP_INTERVAL, self._report), self.client.loop.asyncio_loop
+            cl.watch_workers(self.client, MEMBERSHIP_INTERVAL, self._report, before=before), self.client.loop.asyncio_loop
         )
 
     def _report(self, latest: dict | BaseException) -> None:
         """The watcher's callback (client event loop)."""
-        self._latest = latest
+        self._latest = self._granted(latest) if isinstance(latest, dict) else latest
 
     @property
     def latest(self) -> dict | None:
@@ -182,7 +196,7 @@ class Membership:
                 return None  # nothing changed; lost workers show up on their channel or RPC at once
         self._last_refresh, self._look_now = now, False
         try:
-            live = cl.live_workers(self.client)
+            live = self._granted(cl.live_workers(self.client))
         except LOST as err:
             raise SchedulerLostError(
                 f"The Dask scheduler is unreachable ({err!r}) after {self._n_updates()} model updates. "
@@ -338,9 +352,11 @@ class Membership:
             self._pending = None
         self.transport.close()
         self._occupy([])
+        if self.grant is not None:
+            self.grant.release()
         reachable = [w for w in self.set_up if not self.quarantined(w)]  # a hung one drops it when it wakes
         with contextlib.suppress(Exception):  # no scheduler: every one is asked
-            listed = self.client.scheduler_info(n_workers=-1)["workers"]
+            listed = cl.scheduler_info(self.client)["workers"]
             # a worker the scheduler dropped holds nothing, and Dask retries connecting to its
             # address until the call's timeout: a fit that lost a worker ended 5 s late
             reachable = [w for w in reachable if w in listed]
@@ -360,7 +376,7 @@ class Membership:
                 self.heal(force=True)
             left = deadline - time.monotonic()
             try:
-                self.client.wait_for_workers(1, timeout=max(0.1, min(HEAL_INTERVAL, left)))
+                self._wait_for(1, timeout=max(0.1, min(HEAL_INTERVAL, left)))
                 return
             except TimeoutError as err:
                 if left <= HEAL_INTERVAL:
@@ -370,6 +386,17 @@ class Membership:
                         "weights; add workers to the cluster and call fit again with warm_start=True."
                     ) from err
 
+    def _wait_for(self, n: int, timeout: float) -> None:
+        """Wait until ``n`` workers this fit may train on are running (``TimeoutError`` after ``timeout``)."""
+        if self.grant is None:
+            self.client.wait_for_workers(n, timeout=timeout)
+            return
+        deadline = time.monotonic() + timeout
+        while len(self._granted(cl.live_workers(self.client))) < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{n} granted workers did not come in {timeout:.0f} s")
+            time.sleep(0.1)
+
     def heal(self, force: bool = False) -> None:
         """Ask again for workers the cluster lost (preempted jobs, worker lifetimes)."""
         now = time.monotonic()
@@ -377,7 +404,7 @@ class Membership:
             return
         self._last_heal = now
         logger.info("%d of %d workers alive; asking the cluster again", len(self.workers), self.requested or 1)
-        cl.heal(self.client, max(1, self.requested or 1), gone=self._gone_names)
+        cl.heal(self.client, max(1, self.requested or 1), gone=self._gone_names, scale=self.grant is None)
 
     def wanted(self, batch_size: int) -> int:
         """Workers wanted for ``batch_size``: the damper's choice (``prefer``) or the policy's."""
@@ -395,7 +422,12 @@ class Membership:
         n, n_ahead = self.wanted(batch_size), self.wanted(max(batch_size, ahead))
         if n >= (self.limit or 0):  # while the batch does not shrink, what was asked for stays asked for
             n_ahead = max(n_ahead, self.ahead)
-        if self.policy.scale:
+        if self.grant is not None:  # the allocator sizes the cluster for every fit's wants
+            self.grant.declare(n, n_ahead)
+            self.requested = n_ahead
+            if self.start_latency is None:  # as the allocator measured it for earlier fits on this cluster
+                self.start_latency = self.grant.start_latency
+        elif self.policy.scale:
             self.scale_to(n_ahead)
         if n_ahead != self.ahead:
             self.ahead = n_ahead
@@ -411,6 +443,10 @@ class Membership:
             self._short_since = math.inf
 
     def scale_to(self, n: int) -> None:
+        if self.grant is not None:  # the allocator sizes the cluster for every fit's wants
+            self.grant.declare(self.limit or 1, n)
+            self.requested = n
+            return
         if n == self.requested:
             return
         latest = self.latest or cl.live_workers(self.client)
@@ -467,11 +503,13 @@ class Membership:
         if self._waited_for < wanted:
             self._waited_for = wanted
             latest = self.latest or {}
-            if self.policy.scale and len(latest) < wanted and len(live := cl.live_workers(self.client)) < wanted:
-                logger.info("update %d: the batch wants %d workers, the cluster has %d; waiting up to %.0f s",
+            # On a shared cluster the fit waits only for the workers its fair share allows.
+            coming = wanted if self.grant is None else min(wanted, max(1, self.grant.share))
+            if self.policy.scale and len(latest) < coming and len(live := self._granted(cl.live_workers(self.client))) < coming:
+                logger.info("update %d: the batch wants %d workers, the fit has %d; waiting up to %.0f s",
                             self._n_updates(), wanted, len(live), self.policy.scale_wait)
                 with contextlib.suppress(TimeoutError):
-                    self.client.wait_for_workers(wanted, timeout=self.policy.scale_wait)
+                    self._wait_for(coming, timeout=self.policy.scale_wait)
             self.refresh(force=True)
         elif self.standby:
             self.refresh(force=True)

@@ -16,6 +16,7 @@ is released when it returns.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import sys
@@ -77,8 +78,17 @@ class KeptBackend:
 
 
 def _close(backend) -> None:
-    with contextlib.suppress(Exception):  # the client or the cluster may be gone already
-        backend.__exit__(None, None, None)
+    """Close ``backend``; called on a running event loop (an estimator collected there: dask-ml's
+    incremental searches call ``partial_fit`` in a Dask worker's tasks, and the worker drops the
+    estimator on its event loop), in a thread of its own, since closing waits on the client's loop
+    (on the loop itself the release's RPCs were never sent: "coroutine ... was never awaited")."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop running in this thread: close here
+        with contextlib.suppress(Exception):  # the client or the cluster may be gone already
+            backend.__exit__(None, None, None)
+        return
+    threading.Thread(target=_close, args=(backend,), name="adadamp-release", daemon=True).start()
 
 
 def train(

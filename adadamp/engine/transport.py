@@ -25,7 +25,7 @@ from distributed.protocol import to_serialize
 
 from ..exceptions import CollectiveError
 from ..records import ChannelOffer, GradientReply, ShareRequest
-from ..wire.channel import Channel, WorkerError, tcp_host
+from ..wire.channel import Channel, WorkerError, channel_host
 from ..wire.lost import LOST
 from ..wire.shm import SharedBuffers
 from .speeds import lost_after
@@ -72,6 +72,9 @@ class Transport:
         """Run ``(address, op, kwargs)`` RPCs concurrently; exceptions are returned."""
         if not calls:
             return []
+        if self.client.asynchronous:  # on the client's event loop, or after it stopped (a worker's client
+            # at interpreter exit): client.sync would hand back the coroutine unawaited instead of running it
+            raise RuntimeError("Transport.call_all needs the Dask client's event loop running in another thread")
         return self.client.sync(self.gather_calls, calls, timeout or self.timeout)
 
     def call_all_later(self, calls: list[tuple[str, str, dict]]):
@@ -99,7 +102,7 @@ class Transport:
         """Open the channel a worker offered at set-up (else its rounds go through Dask RPCs)."""
         try:
             self.channels[worker] = Channel(
-                tcp_host(worker),
+                channel_host(worker),
                 offer.port,
                 offer.token,
                 self.n_weights,

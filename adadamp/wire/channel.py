@@ -25,8 +25,9 @@ client then sends that worker's gradients as Dask RPCs, and the fit stays on
 the worker.  Every size in a message is checked against what the fit
 can need before anything is allocated, and a worker's error travels as
 length-capped UTF-8 text: nothing received is unpickled.  Channels are used
-for ``tcp://`` workers only: clusters with TLS or another transport keep
-every message on Dask's comm.
+for ``tcp://`` workers and for ``tls://`` workers on loopback (the embedded
+cluster: no other user can read loopback traffic); other TLS clusters and
+transports keep every message on Dask's comm.
 
 This module runs on both sides and imports neither the client side nor
 scikit-learn.
@@ -37,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import ipaddress
 import secrets
 import selectors
 import socket
@@ -95,13 +97,25 @@ def _mac(key: bytes, role: bytes, *nonces: bytes) -> bytes:
     return hmac.new(key, role + b"".join(nonces), MAC).digest()
 
 
-def tcp_host(address: str) -> str | None:
-    """The host of a ``tcp://host:port`` Dask address; None for other transports."""
+def channel_host(address: str) -> str | None:
+    """Where a worker at Dask ``address`` may open a channel: the host of a ``tcp://`` address, or
+    of a ``tls://`` one on loopback (the embedded cluster), whose traffic no other user can read;
+    None for other transports (their messages stay on Dask's comm)."""
     scheme, _, rest = address.partition("://")
-    if scheme != "tcp":
-        return None
-    host = rest.rsplit(":", 1)[0]
-    return host.strip("[]")
+    host = rest.rsplit(":", 1)[0].strip("[]")
+    if scheme == "tcp" or (scheme == "tls" and is_loopback(host)):
+        return host
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a Dask address's host) is this machine's loopback interface."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def recv_exactly(sock: socket.socket, view: memoryview) -> None:

@@ -47,7 +47,8 @@ def example_seed(seed: int, epoch: int, index: int) -> int:
     >>> example_seed(0, 1, 5) == example_seed(0, 1, 5) != example_seed(0, 2, 5)
     True
     """
-    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    # Python's int before the shift: NumPy 1.x has no ``uint64 >> int`` (no common integer type)
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, dtype=np.uint64)[0]) >> 1
 
 
 def _read(dataset, index: int, seed: int | None, encode, where: str) -> tuple[np.ndarray, np.ndarray]:

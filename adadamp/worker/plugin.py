@@ -48,7 +48,7 @@ from ..records import (
     StepVector,
     to_message,
 )
-from ..wire.channel import IDLE_TIMEOUT, ChannelServer, tcp_host
+from ..wire.channel import IDLE_TIMEOUT, ChannelServer, channel_host
 from ..wire.parameters import bind_parameters, examples_independent, flatten_parameters, float_buffers
 from ..wire.shm import attach, attach_data
 from . import groups as kept_groups
@@ -154,7 +154,7 @@ class Trainer:
         """Set PyTorch up for ``worker`` and install the handlers (the plugin's set-up)."""
         _set_native_malloc()
         self.nthreads = max(1, int(getattr(worker.state, "nthreads", 1)))
-        self.worker, self.host = worker, tcp_host(worker.address)
+        self.worker, self.host = worker, channel_host(worker.address)
         torch.set_num_threads(self.nthreads)  # the event loop thread (quick gradients)
         self.executor.submit(_compute_thread_start).result()
         for op in HANDLERS:

@@ -61,6 +61,7 @@ import dask
 import numpy as np
 import torch
 from distributed import Client
+from distributed.comm import get_address_host
 
 from ...dampers import BaseDamper
 from ...dampers.clock import LoopState, Sampler
@@ -78,6 +79,7 @@ from ...records import (
     finite_update,
 )
 from ...wire.batches import BatchPlan
+from ...wire.channel import is_loopback
 from ...wire.optimizer_plan import apply_plan, group_settings
 from ...wire.parameters import flatten_parameters, float_buffers
 from ...wire.rpc import rpc_call
@@ -104,10 +106,12 @@ ANNOUNCE_STEPS = "adadamp.allreduce.announce-steps"
 def check_plaintext(client: Client) -> None:
     """Refuse a cluster whose comm is TLS (or any scheme but ``tcp://``, or that requires
     encryption) unless dask config ``adadamp.allreduce.allow-plaintext`` is set: the replicas'
-    collectives would send gradients, weights and optimizer state there in plaintext."""
-    if dask.config.get(ALLOW_PLAINTEXT, False):
-        return
+    collectives would send gradients, weights and optimizer state there in plaintext.  A scheduler
+    on loopback (the embedded cluster) has only local workers, whose loopback traffic no other
+    user can read."""
     address = client.scheduler.address
+    if dask.config.get(ALLOW_PLAINTEXT, False) or is_loopback(get_address_host(address)):
+        return
     reasons = []
     if not address.startswith("tcp://"):
         reasons.append(f"its scheduler is at {address}")

@@ -33,6 +33,7 @@ import torch
 from dask.utils import format_bytes
 from distributed import Client
 
+from ... import allocator, embedded
 from ... import cluster as cl
 from ...dampers import BaseDamper, GradStats, TrainState
 from ...dampers.clock import LoopState, Sampler
@@ -42,7 +43,7 @@ from ...data.placement import plan_moves
 from ...exceptions import ConvergenceError
 from ...records import SetupReply, SetupRequest, UpdateRecord, epoch_row
 from ...wire import shm
-from ...wire.channel import tcp_host
+from ...wire.channel import channel_host
 from ...wire.parameters import examples_independent, trainable
 from ...wire.shm import SharedBuffers
 from ...worker.plugin import TrainerPlugin
@@ -249,7 +250,12 @@ class Backend(abc.ABC):
         self.members.limit = self._first_workers()  # on any cluster: as many workers as the first batch wants
         self.transport = transport
         cl.ensure_plugin(self.client, TrainerPlugin, TrainerPlugin.name, register=cl.register_worker_plugin)
+        allocator.ensure_allocator(self.client)
+        if self._policy.scale:  # the cluster follows the sum of the wants of the fits sharing it
+            bound = embedded.max_workers() if self._policy.shared else None  # else the fits' max_workers
+            allocator.adapt(getattr(self.client, "cluster", None), maximum=bound)
         stack.callback(self.members.release)
+        self.members.allocate(self.members.limit)
         watcher = self.members.watch()
         stack.callback(watcher.cancel)
         self.members.refresh(force=True)
@@ -289,7 +295,7 @@ class Backend(abc.ABC):
         """A worker's set-up: the module and criterion, and its shared-memory offer (made now)."""
         return SetupRequest(
             self.fit_id, self._payload, len(self.data),
-            channel=channels_enabled() and tcp_host(worker) is not None,
+            channel=channels_enabled() and channel_host(worker) is not None,
             shared=None if self._shared is None else self._shared.offer(worker),
             dataset=self._dataset_payload,
             fuse=self.policy.shares == "speed",
@@ -463,7 +469,7 @@ class Backend(abc.ABC):
             examples[w] += len(self.placement.rows(b))
         info = self.members.latest  # the watcher's latest look (memory limits do not change)
         if info is None or not set(workers) <= set(info):
-            info = self.client.scheduler_info(n_workers=-1)["workers"]
+            info = cl.scheduler_info(self.client)["workers"]
         for w in workers:
             limit = info.get(w, {}).get("memory_limit") or 0  # 0: no limit
             needed = examples[w] * per_example

@@ -1,0 +1,360 @@
+"""One allocator per cluster, living with the scheduler: the fits that share a cluster get
+disjoint workers, and the cluster follows the sum of what they want.
+
+Each fit declares the workers it wants now and ahead (its schedule's forecast, about one worker
+start ahead) and trains only on the workers it is granted; no fit takes, shrinks or retires a
+worker another fit holds.  The scheduler is the one place every fit can reach (from threads,
+joblib's processes, other clients), so the allocator is a scheduler plugin (:class:`Allocator`),
+registered idempotently by the first fit.
+
+Sizing: :class:`AllocatorAdaptive` is Dask's own ``Adaptive`` with ``target()`` the sum of the
+wants (plus the workers kept warm) and ``workers_to_close()`` the workers no fit holds that have
+been idle for ``adadamp.cluster.idle-timeout`` (dask config), so a search's next candidate and
+back-to-back fits find them warm.  Retiring goes through ``Adaptive.scale_down``: the scheduler
+retires the workers gracefully before the cluster closes them.
+
+Division: when the wants exceed what the cluster may have, each fit gets an equal share of the
+workers (max-min fair: a fit that wants less than its share leaves the rest to the others), as
+Pollux re-divides a cluster among jobs (Qiao et al. OSDI'21, section 4.2) but without restarts:
+a grant changes between two updates.  A fit keeps the workers it holds up to its share, so
+grants move only when they must.  A fit that stops renewing its grant (its client died) loses it
+after ``LEASE`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+import weakref
+
+import dask
+from dask.utils import parse_timedelta
+from distributed.deploy.adaptive import Adaptive
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+logger = logging.getLogger(__name__)
+
+NAME = "adadamp-allocator"
+LEASE = 30.0  #: seconds a grant lasts without a renewal (a fit renews it every membership look)
+IDLE_TIMEOUT = "30 s"  #: default of dask config ``adadamp.cluster.idle-timeout``
+
+
+def idle_timeout() -> float:
+    """Seconds a worker no fit holds stays in a cluster the allocator sizes (dask config
+    ``adadamp.cluster.idle-timeout``)."""
+    value = dask.config.get("adadamp.cluster.idle-timeout", IDLE_TIMEOUT)
+    try:
+        return float(parse_timedelta(value))
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"dask config adadamp.cluster.idle-timeout={value!r} is not a duration: give seconds or "
+                         "a string such as '30 s'.") from err
+
+
+def shares(wants: dict[str, int], capacity: float) -> dict[str, int]:
+    """Max-min fair shares of ``capacity`` workers among fits that want ``wants`` (in the dict's
+    order: the earlier fit gets a remainder first).
+
+    Examples
+    --------
+    >>> shares({"a": 6, "b": 1, "c": 4}, 8)
+    {'a': 4, 'b': 1, 'c': 3}
+    >>> shares({"a": 2, "b": 3}, math.inf)
+    {'a': 2, 'b': 3}
+    """
+    if math.isinf(capacity):
+        return {f: max(0, w) for f, w in wants.items()}
+    left, out = capacity, dict.fromkeys(wants, 0)
+    hungry = [f for f, w in wants.items() if w > 0]
+    while hungry and left >= 1:
+        each = max(1, int(left // len(hungry)))
+        for f in list(hungry):
+            give = min(each, wants[f] - out[f], left)
+            out[f] += int(give)
+            left -= give
+            if out[f] >= wants[f]:
+                hungry.remove(f)
+            if left < 1:
+                break
+    return out
+
+
+def divide(workers: list[str], wants: dict[str, int], held: dict[str, list[str]], capacity: float) -> dict[str, list[str]]:
+    """Disjoint grants of ``workers`` (live, in the order to hand them out) to the fits' ``wants``.
+
+    Each fit keeps the workers it ``held`` up to its share of ``capacity`` (the most workers the
+    cluster may have); free workers go to the fits below their share, earliest fit first.  A fit
+    left without any (its workers are still starting, or there are more fits than workers)
+    shares the least shared worker meanwhile, rather than wait with nothing.
+
+    Examples
+    --------
+    >>> divide(["w1", "w2", "w3"], {"a": 3, "b": 1}, {"a": ["w1", "w2", "w3"]}, capacity=8)  # b's worker is starting
+    {'a': ['w1', 'w2', 'w3'], 'b': ['w1']}
+    >>> divide(["w1", "w2", "w3"], {"a": 3, "b": 1}, {"a": ["w1", "w2", "w3"]}, capacity=3)
+    {'a': ['w1', 'w2'], 'b': ['w3']}
+    >>> divide(["w1"], {"a": 1, "b": 1}, {"a": ["w1"]}, capacity=1)
+    {'a': ['w1'], 'b': ['w1']}
+    """
+    share = shares(wants, max(capacity, len(workers)))
+    live, taken = set(workers), set()
+    grants = {}
+    for fit in wants:
+        kept = [w for w in held.get(fit, []) if w in live and w not in taken][: share[fit]]
+        grants[fit] = kept
+        taken.update(kept)
+    free = [w for w in workers if w not in taken]
+    for fit in wants:
+        need = share[fit] - len(grants[fit])
+        if need > 0:
+            grants[fit] += free[:need]
+            free = free[need:]
+    for fit, want in wants.items():  # more fits than workers: a fit without any shares the least shared worker
+        if want > 0 and not grants[fit] and workers:
+            load = {w: sum(w in g for g in grants.values()) for w in workers}
+            grants[fit] = [min(workers, key=lambda w: (load[w], workers.index(w)))]
+    return grants
+
+
+class Allocator(SchedulerPlugin):
+    """The scheduler's allocator: each fit's wants and grant, and when each worker was last held.
+
+    Handlers (called by fits and by :class:`AllocatorAdaptive` over Dask's comm):
+    ``adadamp_allocate(fit, want, ahead)`` declares or renews a fit's wants and returns its grant;
+    ``adadamp_release_grant(fit)`` ends it; ``adadamp_target(maximum)`` and
+    ``adadamp_workers_to_close(target)`` size the cluster.
+    """
+
+    name = NAME
+
+    def __init__(self, idle: float):
+        self.idle = idle
+        self.wants: dict[str, tuple[int, int]] = {}  # fit -> (now, ahead), in arrival order
+        self.most: dict[str, int] = {}  # fit -> its max_workers
+        self.grants: dict[str, list[str]] = {}
+        self.renewed: dict[str, float] = {}
+        self.free_since: dict[str, float] = {}  # worker -> when it was last held (or joined)
+        self.capacity = math.inf  # the most workers the cluster may have (the adaptive's maximum)
+        self.sized = False  # an AllocatorAdaptive reports: the cluster grows for the wants
+        self.asked: tuple[float, int] | None = None  # (when, how many) the target last rose above the live workers
+        self.start_latency: float | None = None  # seconds the cluster took to bring workers asked for
+        self.scheduler = None
+
+    def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        scheduler.handlers.update({
+            "adadamp_allocate": self.allocate,
+            "adadamp_release_grant": self.release,
+            "adadamp_target": self.target,
+            "adadamp_workers_to_close": self.workers_to_close,
+        })
+
+    # ------------------------------------------------------------------ workers
+    def _live(self) -> list[str]:
+        """Running workers, those free longest first (warm ones are handed out before new ones)."""
+        workers = [a for a, ws in self.scheduler.workers.items() if getattr(ws.status, "name", "running") == "running"]
+        now = time.monotonic()
+        return sorted(workers, key=lambda w: (-(now - self.free_since.get(w, now)), w))
+
+    def add_worker(self, scheduler, worker: str) -> None:
+        self.free_since[worker] = time.monotonic()
+        if self.asked is not None and len(scheduler.workers) >= self.asked[1]:
+            seconds = time.monotonic() - self.asked[0]
+            self.start_latency = seconds if self.start_latency is None else max(0.5 * self.start_latency, seconds)
+            self.asked = None
+        self._divide()
+
+    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        self.free_since.pop(worker, None)
+        for grant in self.grants.values():
+            if worker in grant:
+                grant.remove(worker)
+        self._divide()
+
+    # ------------------------------------------------------------------ fits
+    def allocate(self, fit: str, want: int | None = None, ahead: int | None = None, most: int | None = None) -> dict:
+        """Declare (``want``, ``ahead``, ``most``: its ``max_workers``) or renew (None) ``fit``'s
+        wants; its grant and what the fit needs to plan ahead."""
+        now = time.monotonic()
+        self._expire(now)
+        if want is not None:
+            self.wants[fit] = (int(want), max(int(want), int(ahead or want)))
+            self.most[fit] = int(most or self.wants[fit][1])
+        elif fit not in self.wants:
+            return {"grant": None, "start_latency": self.start_latency}  # ended, or lost its lease
+        self.renewed[fit] = now
+        self._divide()
+        share = shares({f: w[1] for f, w in self.wants.items()}, self._capacity()).get(fit, 0)
+        return {"grant": list(self.grants.get(fit, [])), "share": share, "start_latency": self.start_latency}
+
+    def release(self, fit: str) -> None:
+        self.wants.pop(fit, None)
+        self.most.pop(fit, None)
+        self.renewed.pop(fit, None)
+        now = time.monotonic()
+        for w in self.grants.pop(fit, []):
+            self.free_since[w] = now
+        self._divide()
+
+    def _expire(self, now: float) -> None:
+        for fit in [f for f, t in self.renewed.items() if now - t > LEASE]:
+            logger.info("the fit %s renewed its workers for %.0f s: releasing them", fit, LEASE)
+            self.release(fit)
+
+    def _divide(self) -> None:
+        if self.scheduler is None:
+            return
+        wants = {f: w[1] for f, w in self.wants.items()}  # ahead: the workers a fit sets up beforehand too
+        before = {w for g in self.grants.values() for w in g}
+        self.grants = divide(self._live(), wants, self.grants, self._capacity())
+        now = time.monotonic()
+        held = {w for g in self.grants.values() for w in g}
+        for w in held | before:
+            self.free_since[w] = now  # held now, or just given back
+
+    def _capacity(self) -> float:
+        """The workers to divide: a cluster that grows for the wants divides its bound (the
+        adaptive's maximum where one was given, else the largest ``max_workers`` of the fits); a
+        fixed one, the workers it has."""
+        bound = (self.capacity if math.isfinite(self.capacity) else max(self.most.values(), default=0)) if self.sized else 0
+        return max(bound, len(self._live()))
+
+    # ------------------------------------------------------------------ sizing
+    def target(self, maximum: float | None = None, minimum: int = 0) -> int:
+        """Workers the cluster should have: what the fits want ahead, and the workers no fit holds
+        that are still within their idle time (kept warm), within ``[minimum, maximum]``."""
+        self.sized = True
+        self.capacity = math.inf if maximum is None else maximum
+        now = time.monotonic()
+        self._expire(now)
+        wanted = sum(ahead for _, ahead in self.wants.values())
+        held = {w for g in self.grants.values() for w in g}
+        live = self._live()
+        warm = [w for w in live if w not in held and now - self.free_since.get(w, now) < self.idle]
+        # The bound limits growth; workers held or still warm stay until their idle time is over.
+        n = int(max(min(wanted, self._capacity()), len(held) + len(warm), minimum))
+        if n > len(live) and self.asked is None:
+            self.asked = (now, n)
+        self._divide()
+        return n
+
+    def workers_to_close(self, target: int) -> list[str]:
+        """Names of workers to retire down to ``target``: only workers no fit holds, idle longest first."""
+        held = {w for g in self.grants.values() for w in g}
+        live = self._live()
+        idle = [w for w in live if w not in held]
+        excess = max(0, len(live) - target)
+        return [self.scheduler.workers[w].name for w in idle[:excess]]
+
+
+class AllocatorAdaptive(Adaptive):
+    """Dask's ``Adaptive`` sized by the allocator: the sum of the fits' wants, shrinking lazily
+    and only through workers no fit holds (``Adaptive`` keeps its ``wait_count`` hysteresis and
+    retires gracefully)."""
+
+    async def target(self) -> int:
+        maximum = None if math.isinf(self.maximum) else int(self.maximum)
+        return await self.scheduler.adadamp_target(maximum=maximum, minimum=int(self.minimum))
+
+    async def workers_to_close(self, target: int) -> list[str]:
+        return await self.scheduler.adadamp_workers_to_close(target=target)
+
+
+_ADAPTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its AllocatorAdaptive
+_LOCK = threading.Lock()
+
+
+def adapt(cluster, minimum: int | None = None, maximum: float | None = None,
+          interval: float = 0.5) -> AllocatorAdaptive | None:
+    """Size ``cluster`` (a LocalCluster, a dask-jobqueue cluster: any ``SpecCluster``) for the
+    fits that share it: the sum of their wants, within ``[minimum, maximum]`` (``minimum`` None:
+    the workers it has now, so it never shrinks below what it was started with; ``maximum``
+    None: the largest ``max_workers`` of the fits).  A fit with ``scale_cluster`` calls this for
+    the cluster of its client (once per cluster); None for a cluster that cannot adapt."""
+    if not hasattr(cluster, "adapt"):
+        return None
+    with _LOCK:
+        adaptive = _ADAPTIVE.get(cluster)
+        if adaptive is not None and adaptive.state != "stopped":
+            if maximum is not None:
+                adaptive.maximum = maximum
+            return adaptive
+        if minimum is None:
+            minimum = len(getattr(cluster, "plan", ()))
+        adaptive = cluster.adapt(Adaptive=AllocatorAdaptive, minimum=minimum,
+                                 maximum=math.inf if maximum is None else maximum,
+                                 interval=interval, wait_count=3)
+        _ADAPTIVE[cluster] = adaptive
+        return adaptive
+
+
+_REGISTERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # client -> scheduler ids it registered with
+
+
+def ensure_allocator(client, idle: float | None = None) -> None:
+    """Register the allocator on ``client``'s scheduler unless it is there (idempotent: a second
+    registration keeps the first allocator and its state).  ``idle``: seconds a worker no fit holds
+    is kept (default: dask config ``adadamp.cluster.idle-timeout``)."""
+    ident = client.scheduler_info(n_workers=0).get("id") if _takes_n_workers(client) else client.scheduler_info().get("id")
+    with _LOCK:
+        if ident is not None and ident in _REGISTERED.get(client, set()):
+            return
+    client.run_on_scheduler(_install, idle=idle_timeout() if idle is None else idle)
+    with _LOCK:
+        _REGISTERED.setdefault(client, set()).add(ident)
+
+
+def _install(idle: float, dask_scheduler=None) -> None:
+    """On the scheduler's event loop (atomic among fits): add the allocator unless it is there."""
+    if NAME not in dask_scheduler.plugins:
+        plugin = Allocator(idle)
+        dask_scheduler.add_plugin(plugin, name=NAME)
+        plugin.start(dask_scheduler)
+
+
+def _takes_n_workers(client) -> bool:
+    import inspect
+
+    return "n_workers" in inspect.signature(client.scheduler_info).parameters
+
+
+class Grant:
+    """One fit's grant, as the allocator last answered: its workers (None until the first answer
+    or when the allocator forgot the fit) and the cluster's measured worker start time."""
+
+    def __init__(self, client, fit: str, most: int):
+        self.client, self.fit, self.most = client, fit, most
+        self.workers: set[str] | None = None
+        self.share = 0  # the workers the fit's fair share allows (its want when the cluster has room)
+        self.start_latency: float | None = None
+        self.declared: tuple[int, int] | None = None
+
+    def declare(self, want: int, ahead: int) -> None:
+        """Tell the allocator what the fit wants now and ahead (only when it changed)."""
+        if self.declared == (want, ahead):
+            return
+        self.declared = (want, ahead)
+        self._take(self.client.sync(self.client.scheduler.adadamp_allocate, fit=self.fit, want=want, ahead=ahead,
+                                    most=self.most))
+
+    async def renew(self) -> None:
+        """Renew the lease (the membership watcher's loop, every look); declare again if the
+        allocator forgot the fit (a scheduler restart, an expired lease)."""
+        reply = await self.client.scheduler.adadamp_allocate(fit=self.fit)
+        if reply["grant"] is None and self.declared is not None:
+            want, ahead = self.declared
+            reply = await self.client.scheduler.adadamp_allocate(fit=self.fit, want=want, ahead=ahead, most=self.most)
+        self._take(reply)
+
+    def _take(self, reply: dict) -> None:
+        if reply["grant"] is not None:
+            self.workers = set(reply["grant"])
+            self.share = reply.get("share", len(self.workers))
+        self.start_latency = reply.get("start_latency")
+
+    def release(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.sync(self.client.scheduler.adadamp_release_grant, fit=self.fit)
+        self.workers = None

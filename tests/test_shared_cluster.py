@@ -1,0 +1,192 @@
+"""Many fits, one cluster (adadamp.allocator): fits that share a growing cluster get disjoint
+workers, never lose a granted worker to another fit, find the workers a previous fit left warm,
+and the cluster shrinks lazily through Dask's graceful retirement.  Real LocalClusters of worker
+processes; the division itself is checked over many drawn workloads without a cluster."""
+
+import logging
+import threading
+import time
+
+import dask
+import numpy as np
+import pytest
+import torch
+from distributed import Client, LocalCluster
+from torch import nn
+
+from adadamp import DaskRegressor
+from adadamp.allocator import NAME, adapt, divide, shares
+from adadamp.dampers import GeoDamp
+
+
+# ---------------------------------------------------------------------- the division, drawn widely
+@pytest.mark.parametrize("seed", range(40))
+def test_grants_are_disjoint_fair_and_keep_what_fits_hold(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        n_workers, n_fits = int(rng.integers(0, 12)), int(rng.integers(1, 7))
+        workers = [f"w{i}" for i in rng.permutation(n_workers)]
+        wants = {f"f{i}": int(rng.integers(0, 9)) for i in range(n_fits)}
+        capacity = float(rng.choice([0, n_workers, n_workers + int(rng.integers(0, 6)), np.inf]))
+        held, pool = {}, list(workers) + ["gone"]
+        for fit in wants:  # each fit held some of the workers (disjoint), maybe one that left since
+            k = int(rng.integers(0, len(pool) + 1))
+            held[fit], pool = pool[:k], pool[k:]
+        grants = divide(workers, wants, held, capacity)
+        share = shares(wants, max(capacity, n_workers))
+        granted = [w for g in grants.values() for w in g]
+        assert set(granted) <= set(workers)
+        for w in set(granted):  # disjoint, but for fits left with none, which borrow one worker each
+            holders = [g for g in grants.values() if w in g]
+            if len(holders) > 1:
+                assert sum(len(g) > 1 for g in holders) <= 1, grants
+                assert set(workers) <= set(granted)  # only when no worker is free
+        for fit, want in wants.items():
+            assert len(grants[fit]) <= max(share[fit], 1 if want and workers else 0)
+            kept = [w for w in held[fit] if w in workers][: share[fit]]
+            assert set(kept) <= set(grants[fit])  # nobody takes what a fit holds within its share
+            if want and workers:
+                assert grants[fit]  # every fit trains on something
+        if sum(wants.values()) <= n_workers:
+            assert all(len(grants[f]) == w for f, w in wants.items())  # room for all: all they want
+        assert sum(share.values()) <= max(capacity, n_workers)
+
+
+def test_shares_are_max_min_fair():
+    assert shares({"a": 6, "b": 1, "c": 4}, 8) == {"a": 4, "b": 1, "c": 3}
+    assert shares({"a": 6, "b": 6}, 3) == {"a": 2, "b": 1}  # the earlier fit gets the remainder
+    assert shares({"a": 2, "b": 0}, 8) == {"a": 2, "b": 0}
+
+
+# ---------------------------------------------------------------------- on real clusters
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(10, 1)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(12000, 10)).astype("float32")
+    return X, X.sum(1, keepdims=True).astype("float32")
+
+
+def growing(client, **params) -> DaskRegressor:
+    """GeoDamp 64 -> 384: one worker, then two, then three (grads_per_worker=128)."""
+    schedule = {"batch_size": GeoDamp, "batch_size__initial": 64, "batch_size__delay": 1, "batch_size__factor": 2,
+                "batch_size__max_batch_size": 384}
+    if "batch_size" in params:
+        schedule = {}
+    return DaskRegressor(module=Net, grads_per_worker=128, max_workers=3, scale_cluster=True, max_epochs=8,
+                         random_state=0, client=client, **schedule, **params)
+
+
+def _weights(est) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in est.module_.parameters()]).numpy()
+
+
+def _grants(dask_scheduler):
+    allocator = dask_scheduler.plugins.get(NAME)
+    return {} if allocator is None else {f: list(g) for f, g in allocator.grants.items()}
+
+
+class Watch:
+    """Samples the cluster every 0.1 s while fits run: its worker count and the allocator's grants."""
+
+    def __init__(self, client):
+        self.client, self.samples, self._stop = client, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            with self.client.as_current():
+                n = len(self.client.scheduler_info()["workers"])
+                self.samples.append((n, self.client.run_on_scheduler(_grants)))
+            time.sleep(0.1)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
+@pytest.fixture
+def growing_cluster():
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        yield cluster, client
+
+
+def test_a_fit_that_starts_never_takes_a_worker_another_fit_holds(growing_cluster, data):
+    cluster, client = growing_cluster
+    alone = growing(client).fit(*data)
+    adapt(cluster, maximum=4)  # room for both fits' wants: 3 + 1
+    watch = Watch(client)
+    results = {}
+    first = threading.Thread(target=lambda: results.update(a=growing(client).fit(*data)))
+    first.start()
+    deadline = time.monotonic() + 60
+    while not any(len(g) == 3 for g in client.run_on_scheduler(_grants).values()):  # A trains on 3 workers
+        assert time.monotonic() < deadline and first.is_alive(), "the first fit never reached 3 workers"
+        time.sleep(0.05)
+    results["b"] = growing(client, batch_size=64).fit(*data)  # one worker
+    first.join()
+    samples = watch.stop()
+    a_workers = [row["n_workers"] for row in results["a"].history_]
+    top = a_workers.index(3)
+    assert a_workers[top:] == [3] * (len(a_workers) - top)  # never fewer once it had them
+    assert {row["n_workers"] for row in results["b"].history_} == {1}
+    for _, grants in samples:
+        held = [w for g in grants.values() for w in g]
+        assert len(held) == len(set(held)), grants  # disjoint throughout
+    np.testing.assert_array_equal(_weights(results["a"]), _weights(alone))  # the grant changes nothing trained
+
+
+def test_fits_starting_together_never_leave_the_cluster_empty(growing_cluster, data, caplog):
+    _, client = growing_cluster
+    client.wait_for_workers(1)
+    watch = Watch(client)
+    results = []
+    with caplog.at_level(logging.WARNING, logger="adadamp"):
+        threads = [threading.Thread(target=lambda: results.append(growing(client).fit(*data))) for _ in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    samples = watch.stop()
+    assert len(results) == 2
+    assert min(n for n, _ in samples) >= 1
+    assert not [r for r in caplog.records if "no live worker" in r.getMessage()]
+    np.testing.assert_array_equal(_weights(results[0]), _weights(results[1]))
+
+
+def test_back_to_back_fits_find_the_workers_warm(growing_cluster, data, caplog):
+    _, client = growing_cluster
+    waits = []
+    for _ in range(3):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="adadamp.engine.membership"):
+            est = growing(client).fit(*data)
+        waits.append([r.getMessage() for r in caplog.records if "waiting up to" in r.getMessage()])
+        assert max(row["n_workers"] for row in est.history_) == 3
+    assert waits[1] == [] and waits[2] == [], waits  # no growth step waited for a worker start
+    assert len(client.scheduler_info()["workers"]) == 3  # kept warm between the fits
+
+
+def test_idle_workers_retire_gracefully_after_the_idle_time(growing_cluster, data, capfd, caplog):
+    _, client = growing_cluster
+    with dask.config.set({"adadamp.cluster.idle-timeout": "1 s"}), caplog.at_level(logging.INFO):
+        growing(client).fit(*data)
+        deadline = time.monotonic() + 30
+        while len(client.scheduler_info()["workers"]) > 1:  # back to the one it was started with
+            assert time.monotonic() < deadline, "the idle workers were not retired"
+            time.sleep(0.2)
+        time.sleep(2)  # what the retired workers' processes print on their way out
+    assert len(client.scheduler_info()["workers"]) == 1
+    out = capfd.readouterr()
+    logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    text = out.out + out.err
+    assert not logged and "ERROR" not in text and "Traceback" not in text, (logged, text[-2000:])
