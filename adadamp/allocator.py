@@ -17,8 +17,8 @@ Division: when the wants exceed what the cluster may have, each fit gets an equa
 workers (max-min fair: a fit that wants less than its share leaves the rest to the others), as
 Pollux re-divides a cluster among jobs (Qiao et al. OSDI'21, section 4.2) but without restarts:
 a grant changes between two updates.  A fit keeps the workers it holds up to its share, so
-grants move only when they must.  A fit that stops renewing its grant (its client died) loses it
-after ``LEASE`` seconds.
+grants move only when they must.  A fit whose client leaves the scheduler loses its grant at
+once; one that stops renewing it otherwise, after ``LEASE`` seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ import dask
 from dask.utils import parse_timedelta
 from distributed.deploy.adaptive import Adaptive
 from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .wire.identity import scheduler_info
 
 logger = logging.getLogger(__name__)
 
@@ -81,13 +83,15 @@ def shares(wants: dict[str, int], capacity: float) -> dict[str, int]:
     return out
 
 
-def divide(workers: list[str], wants: dict[str, int], held: dict[str, list[str]], capacity: float) -> dict[str, list[str]]:
+def divide(workers: list[str], wants: dict[str, int], held: dict[str, list[str]], capacity: float,
+           least: dict[str, int] | None = None) -> dict[str, list[str]]:
     """Disjoint grants of ``workers`` (live, in the order to hand them out) to the fits' ``wants``.
 
     Each fit keeps the workers it ``held`` up to its share of ``capacity`` (the most workers the
     cluster may have); free workers go to the fits below their share, earliest fit first.  A fit
-    left without any (its workers are still starting, or there are more fits than workers)
-    shares the least shared worker meanwhile, rather than wait with nothing.
+    left below its ``least`` workers (its ``min_workers``; one for any fit that wants some: its
+    workers are still starting, or there are more fits than workers) shares the least shared
+    workers meanwhile, rather than wait or train on fewer than it was told to.
 
     Examples
     --------
@@ -97,6 +101,8 @@ def divide(workers: list[str], wants: dict[str, int], held: dict[str, list[str]]
     {'a': ['w1', 'w2'], 'b': ['w3']}
     >>> divide(["w1"], {"a": 1, "b": 1}, {"a": ["w1"]}, capacity=1)
     {'a': ['w1'], 'b': ['w1']}
+    >>> divide(["w1", "w2"], {"a": 2, "b": 2}, {}, capacity=2, least={"a": 2, "b": 2})
+    {'a': ['w1', 'w2'], 'b': ['w2', 'w1']}
     """
     share = shares(wants, max(capacity, len(workers)))
     live, taken = set(workers), set()
@@ -111,10 +117,12 @@ def divide(workers: list[str], wants: dict[str, int], held: dict[str, list[str]]
         if need > 0:
             grants[fit] += free[:need]
             free = free[need:]
-    for fit, want in wants.items():  # more fits than workers: a fit without any shares the least shared worker
-        if want > 0 and not grants[fit] and workers:
-            load = {w: sum(w in g for g in grants.values()) for w in workers}
-            grants[fit] = [min(workers, key=lambda w: (load[w], workers.index(w)))]
+    least = least or {}
+    for fit, want in wants.items():
+        floor = min(len(workers), max(least.get(fit, 0), 1 if want > 0 else 0))
+        while len(grants[fit]) < floor:
+            load = {w: sum(w in g for g in grants.values()) for w in workers if w not in grants[fit]}
+            grants[fit] = [*grants[fit], min(load, key=lambda w: (load[w], workers.index(w)))]
     return grants
 
 
@@ -129,10 +137,12 @@ class Allocator(SchedulerPlugin):
 
     name = NAME
 
-    def __init__(self, idle: float):
-        self.idle = idle
+    def __init__(self):
+        self.idle = math.inf  # seconds a worker no fit holds is kept (the adaptive says, each time it asks)
         self.wants: dict[str, tuple[int, int]] = {}  # fit -> (now, ahead), in arrival order
         self.most: dict[str, int] = {}  # fit -> its max_workers
+        self.least: dict[str, int] = {}  # fit -> its min_workers
+        self.clients: dict[str, str] = {}  # fit -> the id of the Dask client that declared it
         self.grants: dict[str, list[str]] = {}
         self.renewed: dict[str, float] = {}
         self.free_since: dict[str, float] = {}  # worker -> when it was last held (or joined)
@@ -153,10 +163,10 @@ class Allocator(SchedulerPlugin):
 
     # ------------------------------------------------------------------ workers
     def _live(self) -> list[str]:
-        """Running workers, those free longest first (warm ones are handed out before new ones)."""
+        """Running workers, the most recently held first: a worker a fit just gave back is the
+        warmest for the next (its kept all-reduce group, its copy of the data); then by address."""
         workers = [a for a, ws in self.scheduler.workers.items() if getattr(ws.status, "name", "running") == "running"]
-        now = time.monotonic()
-        return sorted(workers, key=lambda w: (-(now - self.free_since.get(w, now)), w))
+        return sorted(workers, key=lambda w: (-self.free_since.get(w, 0.0), w))
 
     def add_worker(self, scheduler, worker: str) -> None:
         self.free_since[worker] = time.monotonic()
@@ -173,15 +183,26 @@ class Allocator(SchedulerPlugin):
                 grant.remove(worker)
         self._divide()
 
+    def remove_client(self, scheduler, client: str) -> None:
+        """A client that left (closed, or its process killed) releases its fits' workers at once."""
+        for fit in [f for f, c in self.clients.items() if c == client]:
+            self.release(fit)
+
     # ------------------------------------------------------------------ fits
-    def allocate(self, fit: str, want: int | None = None, ahead: int | None = None, most: int | None = None) -> dict:
-        """Declare (``want``, ``ahead``, ``most``: its ``max_workers``) or renew (None) ``fit``'s
-        wants; its grant and what the fit needs to plan ahead."""
+    def allocate(self, fit: str, want: int | None = None, ahead: int | None = None, most: int | None = None,
+                 least: int = 1, client: str | None = None, scaled: bool = False) -> dict:
+        """Declare (``want``, ``ahead``; ``most`` and ``least``: its ``max_workers`` and ``min_workers``;
+        ``client``: the declaring client's id; ``scaled``: the fit had the cluster adapt) or renew
+        (None) ``fit``'s wants; its grant and what the fit needs to plan ahead."""
         now = time.monotonic()
         self._expire(now)
+        self.sized = self.sized or scaled
         if want is not None:
+            if client is not None:
+                self.clients[fit] = client
             self.wants[fit] = (int(want), max(int(want), int(ahead or want)))
             self.most[fit] = int(most or self.wants[fit][1])
+            self.least[fit] = int(least)
         elif fit not in self.wants:
             return {"grant": None, "start_latency": self.start_latency}  # ended, or lost its lease
         self.renewed[fit] = now
@@ -192,6 +213,8 @@ class Allocator(SchedulerPlugin):
     def release(self, fit: str) -> None:
         self.wants.pop(fit, None)
         self.most.pop(fit, None)
+        self.least.pop(fit, None)
+        self.clients.pop(fit, None)
         self.renewed.pop(fit, None)
         now = time.monotonic()
         for w in self.grants.pop(fit, []):
@@ -208,7 +231,7 @@ class Allocator(SchedulerPlugin):
             return
         wants = {f: w[1] for f, w in self.wants.items()}  # ahead: the workers a fit sets up beforehand too
         before = {w for g in self.grants.values() for w in g}
-        self.grants = divide(self._live(), wants, self.grants, self._capacity())
+        self.grants = divide(self._live(), wants, self.grants, self._capacity(), self.least)
         now = time.monotonic()
         held = {w for g in self.grants.values() for w in g}
         for w in held | before:
@@ -222,10 +245,11 @@ class Allocator(SchedulerPlugin):
         return max(bound, len(self._live()))
 
     # ------------------------------------------------------------------ sizing
-    def target(self, maximum: float | None = None, minimum: int = 0) -> int:
+    def target(self, maximum: float | None = None, minimum: int = 0, idle: float | None = None) -> int:
         """Workers the cluster should have: what the fits want ahead, and the workers no fit holds
-        that are still within their idle time (kept warm), within ``[minimum, maximum]``."""
+        that are still within their ``idle`` seconds (kept warm), within ``[minimum, maximum]``."""
         self.sized = True
+        self.idle = math.inf if idle is None else idle
         self.capacity = math.inf if maximum is None else maximum
         now = time.monotonic()
         self._expire(now)
@@ -244,7 +268,7 @@ class Allocator(SchedulerPlugin):
         """Names of workers to retire down to ``target``: only workers no fit holds, idle longest first."""
         held = {w for g in self.grants.values() for w in g}
         live = self._live()
-        idle = [w for w in live if w not in held]
+        idle = [w for w in reversed(live) if w not in held]  # idle longest first
         excess = max(0, len(live) - target)
         return [self.scheduler.workers[w].name for w in idle[:excess]]
 
@@ -254,9 +278,13 @@ class AllocatorAdaptive(Adaptive):
     and only through workers no fit holds (``Adaptive`` keeps its ``wait_count`` hysteresis and
     retires gracefully)."""
 
+    idle: float | None = None  #: seconds a worker no fit holds is kept (None: dask config adadamp.cluster.idle-timeout)
+
     async def target(self) -> int:
         maximum = None if math.isinf(self.maximum) else int(self.maximum)
-        return await self.scheduler.adadamp_target(maximum=maximum, minimum=int(self.minimum))
+        idle = idle_timeout() if self.idle is None else self.idle
+        return await self.scheduler.adadamp_target(maximum=maximum, minimum=int(self.minimum),
+                                                   idle=None if math.isinf(idle) else idle)
 
     async def workers_to_close(self, target: int) -> list[str]:
         return await self.scheduler.adadamp_workers_to_close(target=target)
@@ -266,26 +294,38 @@ _ADAPTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster ->
 _LOCK = threading.Lock()
 
 
-def adapt(cluster, minimum: int | None = None, maximum: float | None = None,
-          interval: float = 0.5) -> AllocatorAdaptive | None:
+def _adapting(adaptive: Adaptive) -> bool:
+    """Whether ``adaptive`` was not stopped: ``Adaptive.state`` from distributed 2024.12.0 on; before
+    it, ``stop()`` drops the periodic callback that ``__init__`` made."""
+    state = getattr(adaptive, "state", None)
+    return state != "stopped" if state is not None else adaptive.periodic_callback is not None
+
+
+def adapt(cluster, minimum: int | None = None, maximum: float | None = None, interval: float = 0.5,
+          idle: float | None = None) -> AllocatorAdaptive | None:
     """Size ``cluster`` (a LocalCluster, a dask-jobqueue cluster: any ``SpecCluster``) for the
     fits that share it: the sum of their wants, within ``[minimum, maximum]`` (``minimum`` None:
     the workers it has now, so it never shrinks below what it was started with; ``maximum``
-    None: the largest ``max_workers`` of the fits).  A fit with ``scale_cluster`` calls this for
-    the cluster of its client (once per cluster); None for a cluster that cannot adapt."""
+    None: the largest ``max_workers`` of the fits; ``idle``: seconds a worker no fit holds is kept,
+    None: dask config ``adadamp.cluster.idle-timeout``, read each time).  A fit with
+    ``scale_cluster`` calls this for the cluster of its client (once per cluster); None for a
+    cluster that cannot adapt."""
     if not hasattr(cluster, "adapt"):
         return None
     with _LOCK:
         adaptive = _ADAPTIVE.get(cluster)
-        if adaptive is not None and adaptive.state != "stopped":
+        if adaptive is not None and _adapting(adaptive):
             if maximum is not None:
                 adaptive.maximum = maximum
+            if idle is not None:
+                adaptive.idle = idle
             return adaptive
         if minimum is None:
             minimum = len(getattr(cluster, "plan", ()))
         adaptive = cluster.adapt(Adaptive=AllocatorAdaptive, minimum=minimum,
                                  maximum=math.inf if maximum is None else maximum,
                                  interval=interval, wait_count=3)
+        adaptive.idle = idle
         _ADAPTIVE[cluster] = adaptive
         return adaptive
 
@@ -293,39 +333,33 @@ def adapt(cluster, minimum: int | None = None, maximum: float | None = None,
 _REGISTERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # client -> scheduler ids it registered with
 
 
-def ensure_allocator(client, idle: float | None = None) -> None:
+def ensure_allocator(client) -> None:
     """Register the allocator on ``client``'s scheduler unless it is there (idempotent: a second
-    registration keeps the first allocator and its state).  ``idle``: seconds a worker no fit holds
-    is kept (default: dask config ``adadamp.cluster.idle-timeout``)."""
-    ident = client.scheduler_info(n_workers=0).get("id") if _takes_n_workers(client) else client.scheduler_info().get("id")
+    registration keeps the first allocator and its state)."""
+    ident = scheduler_info(client).get("id")
     with _LOCK:
         if ident is not None and ident in _REGISTERED.get(client, set()):
             return
-    client.run_on_scheduler(_install, idle=idle_timeout() if idle is None else idle)
+    client.run_on_scheduler(_install)
     with _LOCK:
         _REGISTERED.setdefault(client, set()).add(ident)
 
 
-def _install(idle: float, dask_scheduler=None) -> None:
+def _install(dask_scheduler=None) -> None:
     """On the scheduler's event loop (atomic among fits): add the allocator unless it is there."""
     if NAME not in dask_scheduler.plugins:
-        plugin = Allocator(idle)
+        plugin = Allocator()
         dask_scheduler.add_plugin(plugin, name=NAME)
         plugin.start(dask_scheduler)
-
-
-def _takes_n_workers(client) -> bool:
-    import inspect
-
-    return "n_workers" in inspect.signature(client.scheduler_info).parameters
 
 
 class Grant:
     """One fit's grant, as the allocator last answered: its workers (None until the first answer
     or when the allocator forgot the fit) and the cluster's measured worker start time."""
 
-    def __init__(self, client, fit: str, most: int):
-        self.client, self.fit, self.most = client, fit, most
+    def __init__(self, client, fit: str, bounds: tuple[int, int], scaled: bool):
+        self.client, self.fit, self.scaled = client, fit, scaled
+        self.least, self.most = bounds  # the fit's min_workers and max_workers
         self.workers: set[str] | None = None
         self.share = 0  # the workers the fit's fair share allows (its want when the cluster has room)
         self.start_latency: float | None = None
@@ -333,19 +367,23 @@ class Grant:
 
     def declare(self, want: int, ahead: int) -> None:
         """Tell the allocator what the fit wants now and ahead (only when it changed)."""
-        if self.declared == (want, ahead):
+        if self.declared == (want, ahead) and self.workers is not None:
             return
         self.declared = (want, ahead)
         self._take(self.client.sync(self.client.scheduler.adadamp_allocate, fit=self.fit, want=want, ahead=ahead,
-                                    most=self.most))
+                                    most=self.most, least=self.least, client=self.client.id, scaled=self.scaled))
 
     async def renew(self) -> None:
         """Renew the lease (the membership watcher's loop, every look); declare again if the
         allocator forgot the fit (a scheduler restart, an expired lease)."""
+        if self.declared is None:  # released (a suspended partial_fit): nothing to renew
+            return
         reply = await self.client.scheduler.adadamp_allocate(fit=self.fit)
         if reply["grant"] is None and self.declared is not None:
             want, ahead = self.declared
-            reply = await self.client.scheduler.adadamp_allocate(fit=self.fit, want=want, ahead=ahead, most=self.most)
+            reply = await self.client.scheduler.adadamp_allocate(fit=self.fit, want=want, ahead=ahead, most=self.most,
+                                                                 least=self.least, client=self.client.id,
+                                                                 scaled=self.scaled)
         self._take(reply)
 
     def _take(self, reply: dict) -> None:
@@ -355,6 +393,7 @@ class Grant:
         self.start_latency = reply.get("start_latency")
 
     def release(self) -> None:
+        """Give the workers back (the fit ended, or is suspended until its next ``partial_fit``)."""
+        self.declared, self.workers = None, None
         with contextlib.suppress(Exception):
             self.client.sync(self.client.scheduler.adadamp_release_grant, fit=self.fit)
-        self.workers = None

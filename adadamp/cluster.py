@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import inspect
 import logging
 import math
 import os
@@ -26,11 +25,12 @@ import warnings
 import weakref
 from dataclasses import dataclass
 
-from distributed import Client, Nanny, Scheduler
+from distributed import Client, Nanny
 from distributed.core import Status
 
 from . import embedded
 from .embedded import close_embedded_cluster, embedded_cluster  # noqa: F401 -- documented here too
+from .wire.identity import ALL_WORKERS, scheduler_info
 
 logger = logging.getLogger(__name__)
 
@@ -137,18 +137,6 @@ def bounded_by_machine(min_workers: int, max_workers: int) -> int:
             UserWarning, stacklevel=4,
         )
     return min(max_workers, bound)
-
-
-#: Keyword arguments that make the scheduler list every worker.  distributed 2025.4.0 added
-#: ``n_workers`` to ``Scheduler.identity`` and ``Client.scheduler_info`` (the client's default lists
-#: 5 workers); the releases before it list every worker and a scheduler of theirs answers the
-#: argument with a logged ``TypeError`` (``Exception while handling op identity``).
-ALL_WORKERS: dict = {"n_workers": -1} if "n_workers" in inspect.signature(Scheduler.identity).parameters else {}
-
-
-def scheduler_info(client: Client) -> dict:
-    """``client.scheduler_info()`` listing every worker, on every supported version of distributed."""
-    return client.scheduler_info(**ALL_WORKERS)
 
 
 def live_workers(client: Client) -> dict[str, dict]:

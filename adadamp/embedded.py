@@ -14,7 +14,6 @@ import atexit
 import contextlib
 import inspect
 import logging
-import math
 import multiprocessing
 import os
 import sys
@@ -84,8 +83,7 @@ class _Embedded:
                     raise RuntimeError(MAIN_GUARD.format(where=where)) from None
                 raise
         self.client = Client(self.cluster, set_as_default=False)
-        # Workers no fit holds stay as long as the cluster does (until its idle timeout closes it).
-        allocator.ensure_allocator(self.client, idle=_idle_timeout() or math.inf)
+        allocator.ensure_allocator(self.client)
         self.size = n_workers  # the most workers a fit asked for: the cluster never shrinks below
         self.users = 0  # fits training on it now
         self.timer: threading.Timer | None = None  # closes it when idle

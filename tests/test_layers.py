@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("dampers: schedules and their clock", ("adadamp.dampers",)),
     ("data: inputs become data sources", ("adadamp.data", "adadamp.inference")),
     ("engine: the fit loop, backends (adadamp.engine.backends), cluster", (
-        "adadamp.engine", "adadamp.checkpoint", "adadamp.cluster", "adadamp.embedded",
+        "adadamp.engine", "adadamp.checkpoint", "adadamp.cluster", "adadamp.embedded", "adadamp.allocator",
     )),
     ("integrations and tools", (
         "adadamp.callbacks", "adadamp.loggers", "adadamp.dashboard", "adadamp.plot", "adadamp.simulate",

@@ -106,6 +106,9 @@ def test_a_warm_fits_setup_asks_each_worker_once_and_copies_the_data_once(backen
     # scheduler: no plugin registration (the trainer's on the workers, the live page's), no broadcast
     asked = {op: n for op, n in scheduler.items() if op not in PERIODIC}
     assert "register_worker_plugin" not in asked and "broadcast" not in asked, asked  # nor the live page's
+    # the fit's grant from the cluster's allocator: declared (and renewed by the membership watcher
+    # every half second) and given back once; the allocator itself is registered only once
+    assert asked.pop("adadamp_allocate", 0) >= 1 and asked.pop("adadamp_release_grant", 0) == 1, asked
     expected = {"run_function": 1}  # this test's own _read
     if backend == "allreduce":  # the fit's rendezvous keys emptied at the end: none written (the group is kept)
         expected["set_metadata"] = 1

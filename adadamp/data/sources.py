@@ -34,8 +34,8 @@ import numpy as np
 from dask.base import tokenize
 from distributed import Client, Future, wait
 
-from ..cluster import scheduler_info
 from ..records import Block, BlockMove
+from ..wire.identity import scheduler_info
 from ..wire.lost import LOST
 from ..wire.rpc import rpc_call
 from ..worker.plugin import load_block

@@ -128,9 +128,11 @@ class Membership:
         self._last_heal = -math.inf
         self.grant: Grant | None = None  # the workers the cluster's allocator grants this fit (adadamp.allocator)
 
-    def allocate(self, want: int) -> None:
-        """Train only on the workers the cluster's allocator grants this fit, starting with ``want``."""
-        self.grant = Grant(self.client, self.transport.fit_id, self.policy.max_workers)
+    def allocate(self, want: int, scaled: bool) -> None:
+        """Train only on the workers the cluster's allocator grants this fit, starting with ``want``
+        (``scaled``: the cluster adapts to the fits' wants)."""
+        bounds = (self.policy.min_workers, self.policy.max_workers)
+        self.grant = Grant(self.client, self.transport.fit_id, bounds, scaled=scaled)
         self.grant.declare(want, want)
 
     def _granted(self, live: dict) -> dict:

@@ -103,14 +103,14 @@ KEEP_GROUP = "adadamp.allreduce.keep-group"
 ANNOUNCE_STEPS = "adadamp.allreduce.announce-steps"
 
 
-def check_plaintext(client: Client) -> None:
+def check_plaintext(client: Client, embedded: bool = False) -> None:
     """Refuse a cluster whose comm is TLS (or any scheme but ``tcp://``, or that requires
     encryption) unless dask config ``adadamp.allreduce.allow-plaintext`` is set: the replicas'
-    collectives would send gradients, weights and optimizer state there in plaintext.  A scheduler
-    on loopback (the embedded cluster) has only local workers, whose loopback traffic no other
-    user can read."""
+    collectives would send gradients, weights and optimizer state there in plaintext.  The
+    embedded cluster (``embedded``) is exempt: its scheduler is on loopback, so its workers are
+    local, and no other user can read their loopback traffic."""
     address = client.scheduler.address
-    if dask.config.get(ALLOW_PLAINTEXT, False) or is_loopback(get_address_host(address)):
+    if dask.config.get(ALLOW_PLAINTEXT, False) or (embedded and is_loopback(get_address_host(address))):
         return
     reasons = []
     if not address.startswith("tcp://"):
@@ -191,7 +191,7 @@ class AllReduce(Backend):
 
     # ------------------------------------------------------------------ set-up
     def _acquire(self, stack: contextlib.ExitStack) -> None:
-        check_plaintext(self.client)  # before any work on the cluster
+        check_plaintext(self.client, embedded=self._policy.shared)  # before any work on the cluster
         stack.callback(self._forget_rendezvous)
         self._payload_at = self.loop.n_updates
         super()._acquire(stack)

@@ -251,11 +251,14 @@ class Backend(abc.ABC):
         self.transport = transport
         cl.ensure_plugin(self.client, TrainerPlugin, TrainerPlugin.name, register=cl.register_worker_plugin)
         allocator.ensure_allocator(self.client)
+        adaptive = None
         if self._policy.scale:  # the cluster follows the sum of the wants of the fits sharing it
-            bound = embedded.max_workers() if self._policy.shared else None  # else the fits' max_workers
-            allocator.adapt(getattr(self.client, "cluster", None), maximum=bound)
+            if self._policy.shared:  # the embedded cluster: bounded by the machine, its workers kept while it runs
+                adaptive = allocator.adapt(self.client.cluster, maximum=embedded.max_workers(), idle=math.inf)
+            else:  # bounded by the fits' max_workers, idle workers kept for adadamp.cluster.idle-timeout
+                adaptive = allocator.adapt(getattr(self.client, "cluster", None))
         stack.callback(self.members.release)
-        self.members.allocate(self.members.limit)
+        self.members.allocate(self.members.limit, scaled=adaptive is not None)
         watcher = self.members.watch()
         stack.callback(watcher.cancel)
         self.members.refresh(force=True)
@@ -314,6 +317,7 @@ class Backend(abc.ABC):
         module gets its own storage back."""
         self._own_storage()
         self._suspended.close()  # the client's torch threads, as they were
+        self.members.grant.release()  # other fits may take the workers meanwhile
 
     def resume(self, *, module, optimizer, damper, loop: LoopState) -> None:
         """Train ``module`` (a copy of the last call's model, the same architecture) next, with
@@ -324,6 +328,7 @@ class Backend(abc.ABC):
         self._bind()
         self._suspended = contextlib.ExitStack()
         self._single_threaded(self._suspended)
+        self.members.grant.declare(self._first_workers(), self._first_workers())
         self._size_cluster()
 
     def _own_storage(self) -> None:

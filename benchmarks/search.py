@@ -1,0 +1,117 @@
+"""A scikit-learn search over schedules on a shared, growing cluster (issue 51).
+
+``GridSearchCV`` (cv=2, refit=False) over 8 candidates -- a constant batch of 64, a constant 256,
+GeoDamp 64 -> 512 and Goodput, each at two learning rates -- of an MLP 32-64-1 on emulated
+accelerators (:mod:`benchmarks.emulated`: each training forward sleeps 0.5 ms + 0.1 ms per
+example on the worker, off the CPU), 3 epochs of 8,192 examples, ``grads_per_worker=64``,
+``max_workers=8``.  Systems, each in a process of its own:
+
+- ``growing``: a ``LocalCluster`` started with 1 worker, every fit ``scale_cluster=True``: the
+  allocator sizes it for the fits' wants, at most 8 workers; ``n_jobs`` 1, 2 and 4 (joblib's
+  threading backend: the candidates share the process's client);
+- ``fixed``: a ``LocalCluster`` of 8 workers that does not scale, ``n_jobs=1``;
+- ``--baseline DIR``: the ``growing`` search with the adadamp found in ``DIR`` (a checkout of
+  an earlier commit, e.g. ``git worktree add /tmp/before 958f624``), n_jobs 1 and 4.
+
+Reported: the search's wall time (``search.fit``, the cluster already started) and the
+candidates' mean fit time (``mean_fit_time``, Pollux's job completion time).  Writes
+``benchmarks/search.json`` and ``benchmarks/search.md``.
+
+    python -m benchmarks.search [--baseline /tmp/before] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def _search(system: str, n_jobs: int) -> dict:
+    import joblib
+    import numpy as np
+    import torch
+    from distributed import Client, LocalCluster
+    from sklearn.model_selection import GridSearchCV
+    from torch import nn
+
+    from adadamp import DaskRegressor
+    from adadamp.dampers import GeoDamp, Goodput
+    from benchmarks.emulated import Emulated
+
+    class MLP(nn.Module):
+        def __init__(self, features: int = 32, hidden: int = 64):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+        def forward(self, x):
+            return self.net(x)
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(8192, 32)).astype("float32")
+    y = (X @ rng.normal(size=(32, 1)) + 0.1 * rng.normal(size=(8192, 1))).astype("float32")
+    schedules = [64, 256, GeoDamp(initial=64, delay=1, factor=2, max_batch_size=512), Goodput(initial=64)]
+    grid = {"batch_size": schedules, "optimizer__lr": [0.01, 0.03]}
+    scale = system != "fixed"
+    with LocalCluster(n_workers=1 if scale else 8, threads_per_worker=1, dashboard_address=":0",
+                      silence_logs=40) as cluster, Client(cluster) as client:
+        est = DaskRegressor(module=Emulated, module__inner=MLP, optimizer=torch.optim.SGD, max_epochs=3,
+                            grads_per_worker=64, max_workers=8, scale_cluster=scale, random_state=0, client=client)
+        search = GridSearchCV(est, grid, cv=2, refit=False, n_jobs=n_jobs, error_score="raise")
+        start = time.perf_counter()
+        with joblib.parallel_backend("threading", n_jobs=n_jobs):
+            search.fit(X, y)
+        wall = time.perf_counter() - start
+        return {"system": system, "n_jobs": n_jobs, "wall_s": round(wall, 2),
+                "mean_fit_s": round(float(np.mean(search.cv_results_["mean_fit_time"])), 2),
+                "scores": [float(s) for s in search.cv_results_["mean_test_score"]],
+                "workers_at_end": len(client.scheduler_info()["workers"])}
+
+
+def _run(system: str, n_jobs: int, code: str | None) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (code, str(ROOT)) if p)}
+    cmd = [sys.executable, "-m", "benchmarks.search", "--one", system, str(n_jobs)]
+    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=True, timeout=1800)
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    row["code"] = "baseline" if code else "this"
+    print(row, flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--baseline", help="a checkout of an earlier adadamp to compare with")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(_search(args.one[0], int(args.one[1]))))
+        return
+    rows = []
+    for _ in range(args.repeats):
+        rows.append(_run("fixed", 1, None))
+        for n_jobs in (1, 2, 4):
+            rows.append(_run("growing", n_jobs, None))
+        if args.baseline:
+            for n_jobs in (1, 4):
+                rows.append(_run("growing", n_jobs, args.baseline))
+    (HERE / "search.json").write_text(json.dumps(rows, indent=1) + "\n")
+    fixed = [r["wall_s"] for r in rows if r["system"] == "fixed"]
+    lines = ["| code | cluster | n_jobs | search wall (s) | / fixed 8 workers | mean fit (s) | workers at end |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['code']} | {r['system']} | {r['n_jobs']} | {r['wall_s']:.1f} | "
+                     f"{r['wall_s'] / min(fixed):.2f} | {r['mean_fit_s']:.2f} | {r['workers_at_end']} |")
+    (HERE / "search.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
