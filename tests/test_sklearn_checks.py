@@ -1,8 +1,10 @@
-"""scikit-learn's own estimator checks, run on the shared LocalCluster."""
+"""scikit-learn's own estimator checks, run on the shared LocalCluster, with the defaults and with
+settings users set: few epochs, the all-reduce backend, a growing batch (GeoDamp)."""
 
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from adadamp import DaskClassifier, DaskRegressor
+from adadamp.dampers import GeoDamp
 
 ROUTED_KWARGS = "routed module__* kwargs are stored as attributes (skorch/scikeras convention)"
 
@@ -15,12 +17,21 @@ FLOAT32_WEIGHTS = (
 )
 
 
+FEW_EPOCHS = (
+    "two epochs do not train the model the check wants: check_regressors_train asks for R^2 > 0.5 on its "
+    "training data (sklearn's poor_score tag would skip it for every setting); the defaults (max_epochs=10) pass"
+)
+
+
 def _expected_failures(est):
     if "module__hidden" in est.get_params():
         return {"check_no_attributes_set_in_init": ROUTED_KWARGS}
-    if isinstance(est, DaskRegressor):
-        return {"check_sample_weight_equivalence_on_dense_data": FLOAT32_WEIGHTS}
-    return {}
+    failures = {}
+    if isinstance(est, DaskRegressor):  # the 1 ulp apart shows in some settings' predictions, not in others'
+        failures["check_sample_weight_equivalence_on_dense_data"] = FLOAT32_WEIGHTS
+        if est.max_epochs <= 2:
+            failures["check_regressors_train"] = FEW_EPOCHS
+    return failures
 
 
 @parametrize_with_checks(
@@ -28,6 +39,12 @@ def _expected_failures(est):
         DaskRegressor(random_state=0),
         DaskClassifier(random_state=0),
         DaskClassifier(random_state=0, module__hidden=(16,)),
+        DaskRegressor(random_state=0, max_epochs=2),
+        DaskClassifier(random_state=0, max_epochs=2),
+        DaskRegressor(random_state=0, backend="allreduce"),
+        DaskClassifier(random_state=0, backend="allreduce"),
+        DaskRegressor(random_state=0, batch_size=GeoDamp),
+        DaskClassifier(random_state=0, batch_size=GeoDamp),
     ],
     expected_failed_checks=_expected_failures,
 )
