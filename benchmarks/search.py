@@ -69,16 +69,20 @@ def _search(system: str, n_jobs: int) -> dict:
         with joblib.parallel_backend("threading", n_jobs=n_jobs):
             search.fit(X, y)
         wall = time.perf_counter() - start
-        return {"system": system, "n_jobs": n_jobs, "wall_s": round(wall, 2),
+        import adadamp
+
+        return {"system": system, "n_jobs": n_jobs, "adadamp": os.path.dirname(adadamp.__file__), "wall_s": round(wall, 2),
                 "mean_fit_s": round(float(np.mean(search.cv_results_["mean_fit_time"])), 2),
                 "scores": [float(s) for s in search.cv_results_["mean_test_score"]],
                 "workers_at_end": len(client.scheduler_info()["workers"])}
 
 
 def _run(system: str, n_jobs: int, code: str | None) -> dict:
+    # Run by path from a neutral folder, so that ``code`` (first on the path) is the adadamp imported,
+    # in this process and in the workers it spawns.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (code, str(ROOT)) if p)}
-    cmd = [sys.executable, "-m", "benchmarks.search", "--one", system, str(n_jobs)]
-    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=True, timeout=1800)
+    cmd = [sys.executable, str(HERE / "search.py"), "--one", system, str(n_jobs)]
+    out = subprocess.run(cmd, env=env, cwd="/", capture_output=True, text=True, check=True, timeout=1800)
     row = json.loads(out.stdout.strip().splitlines()[-1])
     row["code"] = "baseline" if code else "this"
     print(row, flush=True)
