@@ -2,15 +2,13 @@
 
 The batch size decides the workers a fit trains on, on any cluster (Holt & Sievert 2021,
 "Architecture"): ``workers = clip(ceil(B / grads_per_worker), min, max)``; the others stay free.
-With ``scale_cluster`` it decides the cluster's size too: growing calls ``cluster.scale`` and
-returns at once (an HPC queue may take minutes; training goes on with the workers it has).
-Shrinking retires the chosen workers first, because ``scale()`` alone closes workers without
-retiring them (dask/distributed#5577).
+With ``scale_cluster`` it decides the cluster's size too, through the cluster's allocator
+(:mod:`adadamp.allocator`), which sizes it for the sum of the wants of the fits sharing it and
+retires the workers no fit holds gracefully, after their idle time.
 
-With no client, fits share the process's embedded LocalCluster (:mod:`adadamp.embedded`); it is
-shared, so a fit grows it but never shrinks it (``ClusterPolicy.shared``).
+With no client, fits share the process's embedded LocalCluster (:mod:`adadamp.embedded`),
+bounded by the machine (``ClusterPolicy.shared``).
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +18,6 @@ import logging
 import math
 import os
 import threading
-import time
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -62,9 +59,9 @@ class ClusterPolicy:
         Seconds one worker may take for one gradient before it is treated
         as lost and its share is recomputed elsewhere.
     shared : bool
-        Other fits may train on the cluster (the embedded one): the fit
-        grows the cluster but never shrinks it (it uses fewer workers
-        instead, as on any cluster).
+        The fit trains on the embedded cluster: bounded by the machine, its
+        idle workers kept while it runs, the all-reduce backend allowed on its
+        loopback TLS.
     shares : {"equal", "speed"}
         How an update's batch is shared among the workers: equally, or by each
         worker's measured speed (:mod:`adadamp.engine.speeds`).
@@ -229,22 +226,12 @@ def register_worker_plugin(client: Client, plugin, name: str) -> None:
                            "mid-broadcast; registering again", name, type(err).__name__, err)
 
 
-def request_workers(client: Client, n: int) -> bool:
-    """Ask the cluster for ``n`` workers without waiting. False if it cannot scale."""
-    cluster = getattr(client, "cluster", None)
-    if cluster is None or not hasattr(cluster, "scale"):
-        return False
-    _scale(cluster, n)
-    return True
-
-
-def heal(client: Client, n: int, gone: set[str], scale: bool = True) -> None:
-    """Ask again for ``n`` workers after some were lost (preempted jobs, lifetimes).
+def heal(client: Client, gone: set[str]) -> None:
+    """Let the cluster replace workers it lost (preempted jobs, lifetimes).
 
     SpecCluster keeps the spec of a job that died and resubmits it only after
     ``lost-worker-timeout`` (dask-jobqueue's default, minutes); dropping the specs of the
-    workers that are ``gone`` (by name) first makes ``scale(n)`` submit
-    replacements now.  Kept: the specs of workers still starting or queued, of running nannies
+    workers that are ``gone`` (by name) makes the allocator's adaptive submit replacements now.  Kept: the specs of workers still starting or queued, of running nannies
     (restarting their worker already), and of workers the scheduler still lists (on a shared
     cluster, the embedded one, another fit may be training on a worker this fit left out).
     """
@@ -263,8 +250,6 @@ def heal(client: Client, n: int, gone: set[str], scale: bool = True) -> None:
     ]
     if dead and hasattr(cluster, "scale_down"):
         cluster.sync(cluster.scale_down, dead)
-    if scale:  # else the allocator's adaptive sizes the cluster (adadamp.allocator)
-        _scale(cluster, n)
 
 
 def _restarting(worker) -> bool:
@@ -272,34 +257,6 @@ def _restarting(worker) -> bool:
     (in about the time a process takes to import torch): stopping it would start a new one from
     nothing, and a nanny stopped mid-restart has left a replacement unregistered for minutes."""
     return isinstance(worker, Nanny) and worker.status == Status.running
-
-
-def _scale(cluster, n: int) -> None:
-    """``cluster.scale(n)``; the embedded cluster, which other fits may be using, only grows."""
-    if not embedded.grow_if_embedded(cluster, n):
-        cluster.scale(n)
-
-
-def retire(client: Client, addresses: list[str], target: int, timeout: float = 10.0) -> None:
-    """Retire ``addresses`` gracefully, then shrink the cluster to ``target``.
-
-    The caller has already moved adadamp's data off these workers.  Retiring
-    by name first makes the retired specs "not launched", so the following
-    ``cluster.scale`` drops them rather than a live worker.
-    """
-    info = scheduler_info(client)["workers"]
-    names = [info[a]["name"] for a in addresses if a in info]
-    client.retire_workers(workers=addresses, close_workers=True, remove=True)
-    cluster = getattr(client, "cluster", None)
-    if cluster is None:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        known = {w["name"] for w in cluster.scheduler_info.get("workers", {}).values()}
-        if not known.intersection(names):
-            break
-        time.sleep(0.05)
-    cluster.scale(target)
 
 
 @contextlib.contextmanager

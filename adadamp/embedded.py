@@ -281,13 +281,3 @@ def _unguarded_main_call() -> str | None:
         if isinstance(node, ast.If) and ast.unparse(node.test) in guards and node.lineno <= line <= node.end_lineno:
             return None
     return f"{path}, line {line}"
-
-
-def grow_if_embedded(cluster, n: int) -> bool:
-    """Grow ``cluster`` to ``n`` workers if it is the embedded one (which only grows); False otherwise."""
-    with _LOCK:
-        embedded = _EMBEDDED
-        if embedded is not None and cluster is embedded.cluster:
-            embedded.grow(n)
-            return True
-    return False

@@ -33,7 +33,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.utils.validation import check_is_fitted
 from torch import nn
 
-from . import building, checkpoint, constraints, dashboard, inference, porting, routing
+from . import building, checkpoint, constraints, dashboard, inference, pickled_client, porting, routing
 from . import cluster as cl
 from .data import Labels, Values, convert, make_source
 from .engine import session
@@ -111,7 +111,11 @@ class BaseDaskEstimator(BaseEstimator):
         one, else the embedded cluster: one LocalCluster per process, which
         the fits with no client share (started by the first, closed after 10
         minutes without a fit, by :func:`adadamp.close_embedded_cluster` or
-        at exit).
+        at exit).  Pickled, it keeps the scheduler's address (and, for
+        joblib's and multiprocessing's worker processes, its TLS settings), so
+        a search with ``n_jobs`` on joblib's processes trains on this cluster;
+        an estimator with None sent to such a process takes the sender's
+        default client (:mod:`adadamp.pickled_client`).
     grads_per_worker : int, default=128
         Examples per worker per update: a batch of ``B`` examples trains on
         ``clip(ceil(B / grads_per_worker), min_workers, max_workers)``
@@ -597,11 +601,11 @@ class BaseDaskEstimator(BaseEstimator):
     def _forward(self, X):
         """The module's outputs for ``X`` (:func:`adadamp.inference.outputs`)."""
         check_is_fitted(self)
-        return inference.outputs(self.module_, X, self, self._client())
+        return inference.outputs(self.module_, X, self, self._client() if convert.is_dataset(X) else None)
 
     def _score(self, X, y, sample_weight, dask_metric, local_score) -> float:
         """The score on dask collections by ``dask_metric`` on the cluster, else scikit-learn's mixin's."""
-        client = self._client()
+        client = self._client() if convert.is_dataset(X) or convert.is_dask(X) else None  # in memory: no cluster
         X, y = inference.scoring_inputs(X, y, client)
         if convert.is_dask(X):
             with cl.as_current(client):
@@ -609,8 +613,16 @@ class BaseDaskEstimator(BaseEstimator):
         return local_score(X, y, sample_weight=sample_weight)
 
     def _client(self):
-        """The client this estimator works with: its own, the current one, or None (embedded)."""
-        return self.client if self.client is not None else cl.active_client()
+        """The client this estimator works with: its own (a pickled one connected once per process,
+        :mod:`adadamp.pickled_client`), the current one, the default client of the process that sent
+        it here (a joblib worker process), or None (the embedded cluster)."""
+        if self.client is not None:
+            return pickled_client.resolve(self.client)
+        client = cl.active_client()
+        sender = self.__dict__.get("_sender")
+        if client is None and sender is not None:
+            return sender.resolve(type(self).__name__)
+        return client
 
     @property
     def meta_(self) -> types.MappingProxyType:
@@ -633,21 +645,36 @@ class BaseDaskEstimator(BaseEstimator):
         raise porting.missing_attribute(type(self).__name__, name)
 
     def __getstate__(self):
+        """The pickled estimator: its ``client`` as the scheduler's address (and TLS settings), so
+        that it trains on the same cluster in another process (:mod:`adadamp.pickled_client`); with
+        ``client=None``, for a child process, where it came from (:class:`~adadamp.pickled_client.Sender`)."""
         state = self.__dict__.copy()
-        state["client"] = None
+        state["client"] = pickled_client.pickled(self.client)
+        if self.client is None:
+            state["_sender"] = self.__dict__.get("_sender") or pickled_client.Sender()  # for child processes only
         state.pop("_kept_backend", None)  # live connections to the workers stay with this object
         return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        state["client"] = pickled_client.unpickled(state.get("client"))  # the same client in its own process
+        if state.get("_sender", 0) is None:
+            del state["_sender"]
+        super().__setstate__(state)
 
     def __sklearn_clone__(self):
         """``sklearn.base.clone`` that shares the ``client`` instead of copying it.
 
         A Dask client is a live connection (it cannot be deep-copied), and the
-        clones made by ``GridSearchCV`` should train on the same cluster.
+        clones made by ``GridSearchCV`` should train on the same cluster.  A
+        clone made in a joblib worker process keeps where its original came from.
         """
         params = self.get_params(deep=False)
         client = params.pop("client")
         new = type(self)(**{k: clone(v, safe=False) for k, v in params.items()})
         new.client = client
+        if "_sender" in self.__dict__:
+            new._sender = self._sender
         return new
 
     def __sklearn_tags__(self):

@@ -245,7 +245,7 @@ def test_healing_a_fit_never_stops_a_worker_the_scheduler_still_lists(data):
     with Client(cluster, set_as_default=False) as client:
         before = {a: w["name"] for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
         assert len(before) == 2
-        heal(client, 2, gone={str(name) for name in before.values()})
+        heal(client, gone={str(name) for name in before.values()})
         time.sleep(1.0)
         after = set(client.scheduler_info(n_workers=-1)["workers"])
     assert after == set(before), "heal stopped a live worker"
@@ -267,7 +267,7 @@ def test_healing_keeps_a_nanny_that_is_restarting_its_killed_worker(data):
         deadline = time.monotonic() + 30
         while address in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
             time.sleep(0.05)
-        heal(client, 2, gone={name})
+        heal(client, gone={name})
         client.wait_for_workers(2, timeout=60)
         names = {str(w["name"]) for w in client.scheduler_info(n_workers=-1)["workers"].values()}
     assert name in names, "the nanny's spec was dropped: a new worker replaced the restarting one"

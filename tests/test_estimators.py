@@ -211,7 +211,7 @@ def test_pickle_and_cloudpickle_with_local_module(client, clf_data):
     expected = est.predict_proba(X)
     again = cloudpickle.loads(cloudpickle.dumps(est))
     np.testing.assert_array_equal(again.predict_proba(X), expected)
-    assert again.client is None
+    assert again.client is client  # unpickled in its own process: the same client (tests/test_search_processes.py)
     remote = client.submit(lambda e, data: e.predict_proba(data), est, X).result()
     np.testing.assert_array_equal(remote, expected)
     plain = DaskClassifier(max_epochs=1, random_state=0).fit(X, y)

@@ -7,22 +7,22 @@ while training runs elsewhere) and hands the new worker list to ``place`` (the e
 data blocks).  Workers whose set-up keeps failing, or that hang, are left out of the fit.
 
 On any cluster a fit trains on the workers its batch wants (:meth:`Membership.follow`:
-``clip(ceil(B / grads_per_worker), min_workers, max_workers)`` or the damper's choice), and leaves
-the others free.  Workers a coming batch will want (the schedule read ahead) are set up in the
-background beforehand and wait on *standby*, so that a growing batch takes them at once.  With
-``scale_cluster`` the cluster is also asked for the workers the schedule wants about one worker
-start ahead (:mod:`adadamp.cluster` has the policy and the Dask calls).
+``clip(ceil(B / grads_per_worker), min_workers, max_workers)`` or the damper's choice), among the
+workers the cluster's allocator grants it (:mod:`adadamp.allocator`: disjoint from other fits'),
+and leaves the others free.  Workers a coming batch will want (the schedule read ahead) are
+declared to the allocator, set up in the background beforehand and wait on *standby*, so that a
+growing batch takes them at once; with ``scale_cluster`` the allocator sizes the cluster for
+every fit's wants.
 
-Fits that share a cluster (a threaded grid search, joblib's Dask backend) spread out: a fit takes
-first the worker its own code runs on (a fit inside a Dask task), then the workers fewest of this
-process's other fits train on (:class:`Occupancy`), then the others in name order.
+Within its grant a fit takes first the worker its own code runs on (a fit inside a Dask task),
+then the workers fewest of this process's other fits train on (:class:`Occupancy`: granted
+workers are shared only by a fit below its ``min_workers``), then the others in name order.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import logging
 import math
 import threading
@@ -112,8 +112,7 @@ class Membership:
         self.ahead = 0  # the workers the coming batches want, set up beforehand (those beyond ``limit`` on standby)
         self.standby: list[str] = []  # set up and connected, not training (a coming batch wants them)
         self._occupied: list[str] = []  # the workers this fit is counted on in OCCUPANCY
-        self.start_latency: float | None = None  # seconds from asking the cluster for workers to their arrival (measured)
-        self._asked: tuple[float, int] | None = None  # (when, how many) the latest growth asked for, until they came
+        self.start_latency: float | None = None  # seconds the cluster takes to bring workers asked for (the allocator measures)
         self._look_now = False  # the workers wanted rose: look at the next refresh, whatever the interval
         self._last_refresh = -math.inf
         self._known: set[str] | None = None  # live workers at the last full look
@@ -126,7 +125,7 @@ class Membership:
         self._gone_names: set[str] = set()
         self._short_since = math.inf  # when fewer workers than requested were first seen
         self._last_heal = -math.inf
-        self.grant: Grant | None = None  # the workers the cluster's allocator grants this fit (adadamp.allocator)
+        self.grant: Grant | None = None  # the workers the cluster's allocator grants this fit (allocate())
 
     def allocate(self, want: int, scaled: bool) -> None:
         """Train only on the workers the cluster's allocator grants this fit, starting with ``want``
@@ -137,7 +136,7 @@ class Membership:
 
     def _granted(self, live: dict) -> dict:
         """The live workers this fit may train on: those granted to it."""
-        if self.grant is None or self.grant.workers is None:
+        if self.grant is None or self.grant.workers is None:  # not yet asked for
             return live
         return {a: w for a, w in live.items() if a in self.grant.workers}
 
@@ -145,9 +144,8 @@ class Membership:
         """Start watching the scheduler's worker list; returns the watcher (cancel it to stop)."""
         import asyncio
 
-        before = None if self.grant is None else self.grant.renew
         return asyncio.run_coroutine_threadsafe(
-            cl.watch_workers(self.client, MEMBERSHIP_INTERVAL, self._report, before=before), self.client.loop.asyncio_loop
+            cl.watch_workers(self.client, MEMBERSHIP_INTERVAL, self._report, before=self.grant.renew), self.client.loop.asyncio_loop
         )
 
     def _report(self, latest: dict | BaseException) -> None:
@@ -205,7 +203,6 @@ class Membership:
                 "A scheduler cannot be replaced during a fit: the estimator keeps the last good weights; "
                 "start a new cluster and resume with checkpoint=... (or warm_start=True)."
             ) from err
-        self._note_arrivals(len(live))
         survivors = [w for w in self.workers if w in live and w not in lost]
         for w in set(self.workers) - set(survivors):
             self.transport.forget(w)
@@ -288,14 +285,6 @@ class Membership:
         logger.info("update %d: %d worker(s) join, %d set up while the update waited",
                     self._n_updates(), len(workers), len(cold.intersection(workers)))
 
-    def _note_arrivals(self, n_live: int) -> None:
-        """Measure how long the cluster took to bring the workers the latest growth asked for."""
-        if self._asked is not None and n_live >= self._asked[1]:
-            seconds = time.monotonic() - self._asked[0]
-            self.start_latency = seconds if self.start_latency is None else max(0.5 * self.start_latency, seconds)
-            logger.info("the cluster brought the %d workers asked for in %.1f s", self._asked[1], seconds)
-            self._asked = None
-
     def _occupy(self, workers: list[str]) -> None:
         """Count this fit on ``workers`` (and off those it counted on before) in :data:`OCCUPANCY`."""
         OCCUPANCY.move(self._occupied, workers)
@@ -354,7 +343,7 @@ class Membership:
             self._pending = None
         self.transport.close()
         self._occupy([])
-        if self.grant is not None:
+        if self.grant is not None:  # None: the fit failed before it asked for workers
             self.grant.release()
         reachable = [w for w in self.set_up if not self.quarantined(w)]  # a hung one drops it when it wakes
         with contextlib.suppress(Exception):  # no scheduler: every one is asked
@@ -390,9 +379,6 @@ class Membership:
 
     def _wait_for(self, n: int, timeout: float) -> None:
         """Wait until ``n`` workers this fit may train on are running (``TimeoutError`` after ``timeout``)."""
-        if self.grant is None:
-            self.client.wait_for_workers(n, timeout=timeout)
-            return
         deadline = time.monotonic() + timeout
         while len(self._granted(cl.live_workers(self.client))) < n:
             if time.monotonic() > deadline:
@@ -406,7 +392,7 @@ class Membership:
             return
         self._last_heal = now
         logger.info("%d of %d workers alive; asking the cluster again", len(self.workers), self.requested or 1)
-        cl.heal(self.client, max(1, self.requested or 1), gone=self._gone_names, scale=self.grant is None)
+        cl.heal(self.client, gone=self._gone_names)
 
     def wanted(self, batch_size: int) -> int:
         """Workers wanted for ``batch_size``: the damper's choice (``prefer``) or the policy's."""
@@ -424,13 +410,11 @@ class Membership:
         n, n_ahead = self.wanted(batch_size), self.wanted(max(batch_size, ahead))
         if n >= (self.limit or 0):  # while the batch does not shrink, what was asked for stays asked for
             n_ahead = max(n_ahead, self.ahead)
-        if self.grant is not None:  # the allocator sizes the cluster for every fit's wants
-            self.grant.declare(n, n_ahead)
-            self.requested = n_ahead
-            if self.start_latency is None:  # as the allocator measured it for earlier fits on this cluster
-                self.start_latency = self.grant.start_latency
-        elif self.policy.scale:
-            self.scale_to(n_ahead)
+        # The allocator sizes the cluster for every fit's wants, and measures how long a worker takes
+        # to start there (for this fit's first growth too, when an earlier fit grew the cluster).
+        self.grant.declare(n, n_ahead)
+        self.requested = n_ahead
+        self.start_latency = self.grant.start_latency
         if n_ahead != self.ahead:
             self.ahead = n_ahead
             self._known, self._look_now = None, True  # idle workers to set up: look at the next refresh
@@ -445,36 +429,8 @@ class Membership:
             self._short_since = math.inf
 
     def scale_to(self, n: int) -> None:
-        if self.grant is not None:  # the allocator sizes the cluster for every fit's wants
-            self.grant.declare(self.limit or 1, n)
-            self.requested = n
-            return
-        if n == self.requested:
-            return
-        latest = self.latest or cl.live_workers(self.client)
-        if n > len(latest) and self._asked is None:  # workers to start: time their arrival
-            self._asked = (time.monotonic(), n)
-        ours = self.workers + self.standby  # the cluster's workers, those training first, then those set up
-        live = ours + [w for w in latest if w not in ours]
-        if self.policy.shared:  # other fits may use its workers: grow it, never retire one
-            cl.request_workers(self.client, n)
-            logger.info("asked the shared cluster for at least %d workers", n)
-            self.requested = n
-            return
-        if n < len(live) and self.workers:
-            victims = live[n:]
-            if len(self.workers) > n:
-                self.use(n)  # their data moves to the others first
-            self.standby = [w for w in self.standby if w not in victims]
-            for w in victims:
-                self.transport.forget(w)
-            cl.retire(self.client, victims, n)
-        elif n > len(live) and not cl.request_workers(self.client, n):
-            logger.warning("the Dask client has no cluster to scale; using the workers it has")
-            self.policy = dataclasses.replace(self.policy, scale=False)
-            self._asked = None
-            return
-        logger.info("asked the cluster for %d workers (%d live)", n, len(live))
+        """Ask for ``n`` workers ahead (the allocator sizes the cluster for every fit's wants)."""
+        self.grant.declare(self.limit or 1, n)
         self.requested = n
 
     def use(self, n: int) -> None:
@@ -506,7 +462,7 @@ class Membership:
             self._waited_for = wanted
             latest = self.latest or {}
             # On a shared cluster the fit waits only for the workers its fair share allows.
-            coming = wanted if self.grant is None else min(wanted, max(1, self.grant.share))
+            coming = min(wanted, max(1, self.grant.share))
             if self.policy.scale and len(latest) < coming and len(live := self._granted(cl.live_workers(self.client))) < coming:
                 logger.info("update %d: the batch wants %d workers, the fit has %d; waiting up to %.0f s",
                             self._n_updates(), wanted, len(live), self.policy.scale_wait)

@@ -20,9 +20,11 @@ torchft's Manager), kept in the scheduler and reached over Dask's comm (:class:`
 Forming one, the members first take the step they may still owe, then rank 0 (a member of the
 last generation, or the client's committed copy) broadcasts weights, running statistics and
 optimizer state, so a joiner starts from them (no more bytes than the model's state can hold: gloo
-authenticates no peer).  A collective that fails (a peer died, or hung past the timeout) raises
-:class:`~adadamp.exceptions.CollectiveError` and drops the pending gradient; the client forms
-the next generation without the lost worker and recomputes the update (unless another member
+authenticates no peer).  Before that, every pair of a new gloo group proves itself with a tag keyed
+by a secret from the rendezvous (:meth:`Replica._check_pairs`): a stranger taken for a peer fails the
+group within ``PAIR_CHECK`` seconds, and it is formed again.  A collective that fails (a peer died,
+or hung past the timeout) raises :class:`~adadamp.exceptions.CollectiveError` and drops the
+pending gradient; the client forms the next generation without the lost worker and recomputes the update (unless another member
 answered: its all-reduce completed, every share is in it and it stepped, so the update stands).
 Steps are numbered, so none is applied twice.  A group in step with its peers when the fit ends is kept for the next
 fit on the same workers (:mod:`adadamp.worker.groups`), which takes it over after a handshake.
@@ -76,6 +78,14 @@ ABORT = "abort"
 #: a peer's keys are seen at most this late.  Each look is one small scheduler call.
 RENDEZVOUS_POLL = 0.01
 _FAILED_GROUPS: list = []  # groups left after a failure (never destroyed: their threads may still wait)
+
+#: Seconds a new gloo group's members have to prove every pair a member's (:meth:`Replica._check_pairs`),
+#: instead of the collective timeout: a stranger that took a pair is found this soon and the group is
+#: formed again.  The check is one message each way per pair once every pair is connected: 0.4 ms
+#: median on two local workers of the idle 2-core machine, 23 ms at most with four busy processes.
+PAIR_CHECK = 5.0
+#: The store key prefix of the members' per-generation secrets (one per member: ``secret/<rank>``).
+SECRET = "secret"
 
 #: The most a replica's state can hold: its weights and running statistics, and per parameter at
 #: most this many more copies of them in the optimizer's state (momentum 1, Adam 2, AMSGrad 3)...
@@ -368,9 +378,12 @@ class Replica:
                 if self.backend == "nccl":  # untested here (no GPU on the development machine)
                     group = self._abortable(lambda: dist.ProcessGroupNCCL(store, rank, size))
                 else:
+                    store.set(f"{SECRET}/{rank}", os.urandom(16))  # before its address: peers see both at once
                     host = get_address_host(self.worker.address)
                     group = self._abortable(lambda: gloo_group(store, rank, size, host, self.timeout))
                 self.group, self.generation, self.rank, self.size = group, generation, rank, size
+                if self.backend == "gloo":
+                    self._check_pairs(store)
             self._members = members
             if restore is not None:
                 self.load(restore)
@@ -396,6 +409,28 @@ class Replica:
         self._wait(self.group.allreduce([both], options))
         if both.tolist() != [tag, -tag]:
             raise RuntimeError("the kept group was taken by another fit on some members")
+
+    def _check_pairs(self, store: SchedulerStore) -> None:
+        """Check, before anything else is sent over a gloo group just formed, that each pair's peer
+        is the member the rendezvous named, within ``PAIR_CHECK`` seconds.
+
+        Gloo's listener takes the first connection that sends a pair's sequence number (a small
+        integer) for that pair, so a local process that connects to a member's new port before the
+        peer does is taken for it, and the first collective waits for the collective timeout.  Each
+        member sends each peer (an all-to-all: one message per pair) a tag keyed by its own secret,
+        written to the scheduler-held rendezvous that no stranger reads, and checks the tag each
+        peer sent it: a stranger cannot make one, and the tag it receives is worth nothing for
+        another pair or generation.
+        """
+        secrets = store._wait_for([f"{SECRET}/{r}" for r in range(self.size)])  # seen with the peers' addresses
+        mine = secrets[f"{SECRET}/{self.rank}"]
+        sent = torch.tensor([_pair_tag(mine, p) for p in range(self.size)], dtype=torch.int64)
+        received = torch.zeros(self.size, dtype=torch.int64)
+        self._wait(self.group.alltoall_base(received, sent, [], []), PAIR_CHECK, "checking its pairs")
+        strangers = [p for p in range(self.size)
+                     if p != self.rank and received[p].item() != _pair_tag(secrets[f"{SECRET}/{p}"], self.rank)]
+        if strangers:
+            raise RuntimeError(f"the peers of ranks {strangers} are not the members the rendezvous named")
 
     def _abortable(self, build):
         """``build()`` the group in a thread of its own, and give it up when the generation is
@@ -623,8 +658,9 @@ class Replica:
             self._wait(work)
         return totals, running
 
-    def _wait(self, work) -> None:
-        """Wait for a collective, and give it up when another member's failed.
+    def _wait(self, work, timeout: float | None = None, what: str = "a collective") -> None:
+        """Wait for a collective (at most ``timeout`` seconds, the collective timeout by default),
+        and give it up when another member's failed.
 
         A peer that dies is noticed at once only by the members it talks to directly; the others
         would wait for the collective timeout.  So a member whose collective fails says so in the
@@ -633,18 +669,19 @@ class Replica:
         """
         done = threading.Event()
         work.get_future().add_done_callback(lambda _: done.set())
-        self._until_done(done, f"generation {self.generation}: a collective")
+        self._until_done(done, f"generation {self.generation}: {what}", timeout)
         work.wait()  # done: raises the collective's error, if it failed
 
-    def _until_done(self, done: threading.Event, what: str) -> None:
+    def _until_done(self, done: threading.Event, what: str, timeout: float | None = None) -> None:
         """Wait for ``done``, looking every ``ABORT_POLL`` for the generation's ``abort``; raise
-        when it is there (a peer failed or was lost) or the collective timeout passed."""
-        deadline = time.monotonic() + self.timeout.total_seconds()
+        when it is there (a peer failed or was lost) or ``timeout`` (the collective timeout) passed."""
+        limit = self.timeout.total_seconds() if timeout is None else min(timeout, self.timeout.total_seconds())
+        deadline = time.monotonic() + limit
         while not done.wait(ABORT_POLL):
             if self._prefix.check([ABORT]):
                 raise RuntimeError(f"{what}: given up, a peer failed or was lost")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{what}: not done within the collective timeout")
+                raise RuntimeError(f"{what}: not done within {limit:g} s")
 
     def _fail(self, running: torch.Tensor | None) -> None:
         """An update failed: leave its group, and put back the running statistics it started
@@ -702,6 +739,11 @@ class Replica:
         finally:
             if idle:
                 self.state.lock.release()
+
+
+def _pair_tag(secret: bytes, peer: int) -> int:
+    """What a member keyed by ``secret`` sends rank ``peer`` to prove itself (:meth:`Replica._check_pairs`)."""
+    return int.from_bytes(hashlib.blake2b(str(peer).encode(), key=secret, digest_size=8).digest(), "little", signed=True)
 
 
 def dump_state(flat: torch.Tensor, buffers: list[torch.Tensor], optimizer, applied: int) -> bytes:
