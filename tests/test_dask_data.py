@@ -67,6 +67,40 @@ def test_unknown_chunk_sizes_and_dataframes(client):
     assert est.predict(frame[list("abcd")]).shape == (200,)
 
 
+def _frame_with_a_category(rows=200):
+    rng = np.random.default_rng(2)
+    frame = pd.DataFrame(rng.normal(size=(rows, 3)), columns=list("abc"))
+    frame["colour"] = pd.Categorical(rng.choice(["red", "green", "blue"], size=rows))
+    target = pd.Series(np.where(frame["a"] + (frame["colour"] == "red") > 0.5, 1, 0), name="target")
+    return dd.from_pandas(frame, npartitions=4), dd.from_pandas(target, npartitions=4)
+
+
+def test_a_category_column_is_refused_before_any_cluster_work():
+    """It failed on a worker with ``could not convert string to float``; now it is refused from the
+    frame's metadata, with the fix named, and no cluster is started."""
+    from adadamp.embedded import embedded_cluster
+
+    X, y = _frame_with_a_category()
+    assert embedded_cluster() is None
+    with pytest.raises(TypeError, match=r"'colour' \(category\).*Categorizer and DummyEncoder"):
+        DaskClassifier(max_epochs=1).fit(X, y)
+    assert embedded_cluster() is None
+    with pytest.raises(TypeError, match="not numbers"):
+        DaskClassifier(max_epochs=1).fit(X.assign(colour=X["colour"].astype(str)), y)
+
+
+def test_the_named_fix_trains_on_a_category_column(client):
+    """dask-ml's Categorizer and DummyEncoder before the estimator, as the error says."""
+    dask_ml = pytest.importorskip("dask_ml.preprocessing")
+    from sklearn.pipeline import make_pipeline
+
+    X, y = _frame_with_a_category()
+    pipe = make_pipeline(dask_ml.Categorizer(), dask_ml.DummyEncoder(),
+                         DaskClassifier(max_epochs=2, batch_size=25, random_state=0)).fit(X, y)
+    assert list(pipe[-1].feature_names_in_) == ["a", "b", "c", "colour_blue", "colour_green", "colour_red"]
+    assert pipe.predict(X).compute().shape == (200,)
+
+
 @pytest.mark.parametrize(
     ("X", "y", "match"),
     [

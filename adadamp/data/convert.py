@@ -153,9 +153,39 @@ def aligned(values, like):
     return values.rechunk({0: like.chunks[0]})
 
 
+NOT_NUMBERS = (
+    "X has columns that are not numbers: {columns}. adadamp trains on float32 features and does not "
+    "encode categories itself: encode them first, for example with dask-ml's Categorizer and DummyEncoder "
+    "(make_pipeline(Categorizer(), DummyEncoder(), DaskClassifier(...))) or dd.get_dummies(X.categorize())."
+)
+
+
+def check_numeric_frame(X) -> None:
+    """Refuse a dask DataFrame with columns that are not numbers or booleans (category, object,
+    string, datetime), from its metadata alone: before any cluster work, not as a worker's
+    ``could not convert string to float``.
+
+    Examples
+    --------
+    >>> import dask.dataframe as dd, pandas as pd
+    >>> frame = pd.DataFrame({"x": [1.0, 2.0], "colour": pd.Categorical(["red", "blue"])})
+    >>> check_numeric_frame(dd.from_pandas(frame, npartitions=1))
+    Traceback (most recent call last):
+    ...
+    TypeError: X has columns that are not numbers: 'colour' (category). adadamp trains on ...
+    """
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+    dtypes = X.dtypes.items() if hasattr(X, "columns") else [(X.name, X.dtype)]
+    bad = [f"{name!r} ({dtype})" for name, dtype in dtypes if not (is_numeric_dtype(dtype) or is_bool_dtype(dtype))]
+    if bad:
+        raise TypeError(NOT_NUMBERS.format(columns=", ".join(bad)))
+
+
 def dask_features(X):
     """A dask ``X`` (array or DataFrame) as a float32 dask array chunked along axis 0 only."""
     if _is_frame(X):
+        check_numeric_frame(X)
         X = X.to_dask_array(lengths=True)
     if any(np.isnan(c) for c in X.chunks[0]):
         X = X.compute_chunk_sizes()

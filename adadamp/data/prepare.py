@@ -114,6 +114,8 @@ def _no_holdout(validation_fraction, split_with: str) -> None:
 def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validation_fraction):
     """A dask ``X, y`` checked and encoded on the cluster, persisted there; returns the data
     source, the first two examples, the target attributes and whether it is weighted."""
+    if convert.dask_frame_types() and isinstance(X, convert.dask_frame_types()):
+        convert.check_numeric_frame(X)  # from its metadata, before anything runs on a cluster
     if client is None:
         raise ValueError(
             "A dask X trains on the cluster it lives on: create a distributed.Client first "

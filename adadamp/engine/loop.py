@@ -38,7 +38,7 @@ class Page(Protocol):
     def end(self, error: str | None = None) -> None: ...
 
 #: With ``verbose``, the fit's first epoch prints its time left after this many updates (or seconds).
-FIRST_ESTIMATE = (5, 10.0)
+FIRST_ESTIMATE = (20, 5.0)
 
 
 class FitLoop:
@@ -73,12 +73,18 @@ class FitLoop:
             )
 
     def _on_update(self, updates: list[dict]) -> None:
+        now = time.monotonic()  # the time between two updates (the epoch's start and its first: the epoch's)
+        if self._mark != self._epoch_start:
+            self._gaps.append(max(0.0, now - self._mark - updates[-1]["update_time"]))
+        self._mark = now
         every = self.checkpoint_every
         if self.checkpoint is not None and every and self.state.loop.n_updates % every == 0:
             self._backend.sync()
             checkpoint_mod.save(self.checkpoint, self.state, updates)
         self._publisher.update(self.state.loop.n_updates, updates[-1])
+        before = time.monotonic()
         eta = self._time_left(updates)
+        self._mark += time.monotonic() - before  # the estimate's own time is not a cost of the updates to come
         first = len(updates) >= FIRST_ESTIMATE[0] or time.monotonic() - self._epoch_start >= FIRST_ESTIMATE[1]
         if self.verbose and self._untold and first:
             self._untold = False
@@ -87,18 +93,41 @@ class FitLoop:
 
     def _time_left(self, updates: list[dict]) -> float | None:
         """Seconds left now: the epoch's starting estimate less the time since, or, in an epoch that
-        started with nothing measured (a fit's first), estimated from its own updates (once a second:
-        each estimate reads every update so far)."""
+        started with nothing measured (a fit's first), estimated from its own updates (at each of the
+        first ones, then once a second: each estimate reads every update so far)."""
         now = time.monotonic()
-        if self._eta is None or (self._measuring and now - self._eta_at >= 1.0):
-            self._eta, self._eta_at = time_left(self.state, self._last_epoch, updates), now
+        if self._eta is None or (self._measuring and (len(updates) <= FIRST_ESTIMATE[0] or now - self._eta_at >= 1.0)):
+            self._eta, self._eta_at = self._estimate(updates), now
         return None if self._eta is None else max(0.0, self._eta - (now - self._eta_at))
+
+    def _estimate(self, current: list[dict] = ()) -> float | None:
+        """:func:`time_left` with what this loop measured: the time between updates (median of the
+        latest), each epoch's time outside its updates (median of the latest three), and the
+        workers each coming batch will have."""
+        gap = float(np.median(self._gaps[-RECENT:])) if self._gaps else 0.0
+        overhead = float(np.median(self._overheads[-3:])) if self._overheads else 0.0
+        members = getattr(self._backend, "members", None)
+        scaling = members is not None and members.policy.scale
+        return time_left(self.state, self._last_epoch, current, workers=self._workers_for, gap=gap,
+                         epoch_overhead=overhead, start=members.start_latency if scaling else None,
+                         running=members.running() if scaling else 0)
+
+    def _workers_for(self, batch: int) -> int:
+        """The workers an update of ``batch`` examples will have: those the policy wants for it on a
+        cluster the fit scales, else no more than the cluster runs."""
+        members = getattr(self._backend, "members", None)
+        if members is None:  # a backend without membership: the workers of the latest update
+            done = [u for row in self.state.history[-1:] for u in row["updates"]]
+            return done[-1]["n_workers"] if done else 1
+        wanted = members.wanted(int(batch))
+        return wanted if members.policy.scale else min(wanted, members.running())
 
     def run(self, backend: Backend, epochs: int, epoch_updates: list[dict]) -> None:
         """``epoch_updates``: the records of the current epoch's earlier updates (resuming mid-epoch)."""
         s = self.state
         last_epoch = math.floor(s.loop.epoch + 1e-9) + epochs  # where this call ends on the epoch clock
         self._backend, self._last_epoch = backend, last_epoch
+        self._gaps, self._overheads = [], []  # seconds between updates; each epoch's outside its updates
         s.loop.end_epoch = float(last_epoch) if self.budgeted else None
         self._publisher = self.page(backend.client, last_epoch)
         if self._publisher.url is not None:  # printed where the user looks; logged at verbose=0
@@ -108,10 +137,16 @@ class FitLoop:
                 logger.info("live training page: %s", self._publisher.url)
         self.call("on_train_begin")
         try:
-            for _ in range(epochs):
-                eta = time_left(s, last_epoch, epoch_updates)
+            for i in range(epochs):
+                now = time.monotonic()
+                if i:  # the last epoch's time outside its updates: its set-up, validation, checkpoint, row
+                    ups = s.history[-1]["updates"]
+                    gap = float(np.median(self._gaps[-RECENT:])) if self._gaps else 0.0
+                    busy = sum(u["update_time"] for u in ups) + gap * max(0, len(ups) - 1)
+                    self._overheads.append(max(0.0, now - self._epoch_start - busy))
+                self._mark = self._epoch_start = now
+                eta = self._estimate(epoch_updates)
                 self._eta, self._eta_at = eta, time.monotonic()
-                self._epoch_start = self._eta_at
                 self._measuring = self._untold = eta is None  # nothing measured yet: estimate as updates come
                 self.call("on_epoch_begin", epoch=len(s.history) + 1, n_data=s.loop.n_data, eta=eta)
                 row = backend.run_epoch(epoch_updates, self._on_update)
@@ -121,7 +156,7 @@ class FitLoop:
                 s.history.append(row)
                 if self.checkpoint is not None:
                     checkpoint_mod.save(self.checkpoint, s, [])
-                left = time_left(s, last_epoch)  # with this epoch's updates measured
+                left = self._estimate()  # with this epoch's updates measured
                 if self.verbose:
                     print_row(row, header=len(s.history) == 1, eta=left)
                 self._publisher.epoch(row, left)
@@ -155,23 +190,76 @@ def validation_loss(state: TrainingState, X: np.ndarray, y: np.ndarray, criterio
     return total / weight
 
 
-def time_left(state: TrainingState, last_epoch: int, current: list[dict] = ()) -> float | None:
-    """Seconds until the epoch clock reaches ``last_epoch``: the schedule's coming batch sizes (the
-    damper's pure ``forecast_batch_size`` per epoch; the last batch size where it has no forecast)
-    times the update time measured so far in this fit, as a line in the batch size fitted to the
-    updates.  ``current``: the records of the epoch in progress (not in ``history`` yet).  None
-    before any update was measured."""
+#: The latest updates whose median sets the pace of the updates to come (the machine's pace now).
+RECENT = 32
+#: A fit's first updates, slower (the workers' first backward pass and optimizer step), left out of
+#: the pace once there are twice as many others.
+WARMUP = 2
+
+
+def update_time_model(updates: list[dict]) -> tuple[float, float]:
+    """``(base, per_example)``: an update of ``b`` examples on ``w`` workers takes about
+    ``base + per_example * b / w`` seconds.
+
+    ``per_example`` is a line through the median time of each per-worker batch seen (weighted by
+    how many updates had it), so one slow update (the fit's first, a worker starting, a garbage
+    collection) moves nothing; ``base`` is the median of the latest :data:`RECENT` updates less
+    their per-example part, so a machine that became faster or slower is followed.
+
+    Examples
+    --------
+    >>> ups = [{"batch_size": b, "n_workers": 1, "update_time": t}
+    ...        for b, t in [(10, 9.0), (10, 0.2), (10, 0.2), (20, 0.3), (20, 0.3), (20, 0.3)]]
+    >>> [round(v, 3) for v in update_time_model(ups)]  # the first update (9 s) warmed up
+    [0.1, 0.01]
+    """
+    x = np.array([u["batch_size"] / max(1, u["n_workers"]) for u in updates], dtype=float)
+    t = np.array([u["update_time"] for u in updates], dtype=float)
+    per_example = 0.0
+    groups = np.unique(x)
+    if len(groups) > 1:
+        medians = np.array([np.median(t[x == g]) for g in groups])
+        counts = np.array([np.sum(x == g) for g in groups], dtype=float)
+        per_example = max(0.0, float(np.polyfit(groups, medians, 1, w=np.sqrt(counts))[0]))
+    recent = slice(max(len(t) - RECENT, WARMUP if len(t) > 2 * WARMUP else 0), None)
+    base = float(np.median(t[recent] - per_example * x[recent]))
+    if base < 0:  # a line steeper than the updates: their median is the better guess
+        per_example, base = 0.0, float(np.median(t[recent]))
+    return base, per_example
+
+
+def time_left(state: TrainingState, last_epoch: int, current: list[dict] = (), *,
+              workers: Callable[[int], int] | None = None, gap: float = 0.0, epoch_overhead: float = 0.0,
+              start: float | None = None, running: int = 0) -> float | None:
+    """Seconds until the epoch clock reaches ``last_epoch``.
+
+    The schedule's coming batch sizes (:func:`coming_batches`: the damper's pure
+    ``forecast_batch_size`` per epoch, the ragged last batch of each epoch included), each at the
+    time :func:`update_time_model` gives its batch on the workers it will have (``workers(batch)``;
+    default: the latest update's), plus ``gap`` seconds per update (the loop's own time between
+    updates) and ``epoch_overhead`` per epoch to come (the current one included: validation,
+    checkpoint, the epoch's row).  ``start``: seconds the cluster takes to bring a worker (None:
+    unknown); the first coming batch that wants more than the ``running`` workers waits for what
+    is left of a start by then.  A growing batch makes the coming epochs faster: fewer updates,
+    each about as long while the workers grow with the batch.  ``current``: the records of the
+    epoch in progress (not in ``history`` yet).  None before any update was measured.
+    """
     done = [u for row in state.history for u in row["updates"]] + list(current)
     if not done:
         return None
-    sizes = np.array([u["batch_size"] for u in done], dtype=float)
-    times = np.array([u["update_time"] for u in done], dtype=float)
-    slope, base = 0.0, float(np.mean(times))
-    if len(np.unique(sizes)) > 1:
-        slope, base = np.polyfit(sizes, times, 1)
-        if slope < 0 or base < 0:  # noise: a line through nothing real
-            slope, base = 0.0, float(np.mean(times))
-    return sum(base + slope * b for b in coming_batches(state, last_epoch, int(sizes[-1])))
+    base, per_example = update_time_model(done)
+    last_workers = max(1, int(done[-1]["n_workers"]))
+    def update(b: int) -> float:
+        w = last_workers if workers is None else max(1, int(workers(b)))
+        return base + gap + per_example * b / w
+
+    total, waited = 0.0, start is None
+    for size, full, rest in coming_epochs(state, last_epoch, int(done[-1]["batch_size"])):
+        if not waited and workers is not None and workers(size) > running:
+            total, waited = total + max(0.0, start - total), True  # asked for ahead: what is left of a start
+        total += full * update(size) + (update(rest) if rest else 0.0)
+    epochs = last_epoch - math.floor(state.loop.epoch + 1e-9)
+    return total + max(0.0, epoch_overhead) * max(0, epochs)
 
 
 def coming_batches(state: TrainingState, last_epoch: int, last: int | None = None) -> list[int]:
@@ -186,18 +274,22 @@ def coming_batches(state: TrainingState, last_epoch: int, last: int | None = Non
     >>> coming_batches(s, 2)  # the rest of epoch 0 at 4, then epoch 1 at 8
     [4, 1, 8, 2]
     """
+    return [b for size, full, rest in coming_epochs(state, last_epoch, last) for b in [size] * full + [rest] * bool(rest)]
+
+
+def coming_epochs(state: TrainingState, last_epoch: int, last: int | None = None) -> list[tuple[int, int, int]]:
+    """:func:`coming_batches` by epoch: ``(batch size, full batches, the last one's size or 0)``."""
     loop, damper = state.loop, state.damper
     if last is None:
         last = state.history[-1]["updates"][-1]["batch_size"] if state.history else None
     last = last or 1
-    batches, epoch = [], math.floor(loop.epoch + 1e-9)
+    epochs, epoch = [], math.floor(loop.epoch + 1e-9)
     left = round(loop.epoch_end() - loop.progress)  # examples left in the current epoch
     while epoch < last_epoch:
         size = max(1, int(damper.forecast_batch_size(epoch) or last))
-        full, rest = divmod(max(left, 0), size)
-        batches += [size] * full + ([rest] if rest else [])
+        epochs.append((size, *divmod(max(left, 0), size)))
         epoch, left = epoch + 1, loop.n_data
-    return batches
+    return epochs
 
 
 def print_row(row: dict, header: bool, eta: float | None = None) -> None:

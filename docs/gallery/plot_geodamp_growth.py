@@ -3,7 +3,7 @@ Batch size and workers over a GeoDamp fit
 =========================================
 
 :class:`~adadamp.dampers.GeoDamp` multiplies the batch size by ``factor`` every ``delay``
-epochs.  With no client, the estimator starts its own LocalCluster and grows it with the batch:
+epochs.  With no client, the estimator trains on the embedded LocalCluster and grows it with the batch:
 ``ceil(batch / grads_per_worker)`` workers, up to one per core.
 """
 
