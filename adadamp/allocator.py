@@ -142,6 +142,7 @@ class Allocator(SchedulerPlugin):
         self.wants: dict[str, tuple[int, int]] = {}  # fit -> (now, ahead), in arrival order
         self.most: dict[str, int] = {}  # fit -> its max_workers
         self.least: dict[str, int] = {}  # fit -> its min_workers
+        self.scaled: dict[str, bool] = {}  # fit -> whether it asked the cluster to grow for it (scale_cluster)
         self.clients: dict[str, str] = {}  # fit -> the id of the Dask client that declared it
         self.grants: dict[str, list[str]] = {}
         self.renewed: dict[str, float] = {}
@@ -203,6 +204,7 @@ class Allocator(SchedulerPlugin):
             self.wants[fit] = (int(want), max(int(want), int(ahead or want)))
             self.most[fit] = int(most or self.wants[fit][1])
             self.least[fit] = int(least)
+            self.scaled[fit] = bool(scaled)
         elif fit not in self.wants:
             return {"grant": None, "start_latency": self.start_latency}  # ended, or lost its lease
         self.renewed[fit] = now
@@ -214,6 +216,7 @@ class Allocator(SchedulerPlugin):
         self.wants.pop(fit, None)
         self.most.pop(fit, None)
         self.least.pop(fit, None)
+        self.scaled.pop(fit, None)
         self.clients.pop(fit, None)
         self.renewed.pop(fit, None)
         now = time.monotonic()
@@ -246,14 +249,16 @@ class Allocator(SchedulerPlugin):
 
     # ------------------------------------------------------------------ sizing
     def target(self, maximum: float | None = None, minimum: int = 0, idle: float | None = None) -> int:
-        """Workers the cluster should have: what the fits want ahead, and the workers no fit holds
-        that are still within their ``idle`` seconds (kept warm), within ``[minimum, maximum]``."""
+        """Workers the cluster should have: what the fits that scale the cluster want ahead (a fit
+        with ``scale_cluster=False`` counts the workers it holds: it never grows the cluster), and
+        the workers no fit holds that are still within their ``idle`` seconds (kept warm), within
+        ``[minimum, maximum]``."""
         self.sized = True
         self.idle = math.inf if idle is None else idle
         self.capacity = math.inf if maximum is None else maximum
         now = time.monotonic()
         self._expire(now)
-        wanted = sum(ahead for _, ahead in self.wants.values())
+        wanted = sum(ahead if self.scaled.get(f) else len(self.grants.get(f, ())) for f, (_, ahead) in self.wants.items())
         held = {w for g in self.grants.values() for w in g}
         live = self._live()
         warm = [w for w in live if w not in held and now - self.free_since.get(w, now) < self.idle]

@@ -192,11 +192,12 @@ class ProgressBar(Callback):
     """A notebook-aware progress bar (``tqdm.auto``) over the examples of each epoch.
 
     The number of updates per epoch changes with the batch size, so the bar
-    counts examples and shows the batch size, workers, loss and, from the
-    first updates on, the fit's estimated time left (``left``: the damper's
-    coming batch sizes times the update time measured so far).  Where stderr
-    is not a terminal (a log file, a batch job's output) it redraws at most
-    every ``mininterval`` seconds.
+    counts examples and shows the schedule's batch size (an epoch's ragged
+    last batch, the examples left, shows the size before it), workers, loss
+    and, from the first updates on, the fit's estimated time left (``left``:
+    the damper's coming batch sizes times the update time measured so far).
+    Where stderr is not a terminal (a log file, a batch job's output) it
+    redraws at most every ``mininterval`` seconds.
 
     Parameters
     ----------
@@ -228,12 +229,22 @@ class ProgressBar(Callback):
         self.bar_ = tqdm(total=n_data, desc=f"epoch {epoch}", unit="ex", leave=False,
                          mininterval=0.1 if live else self.mininterval)
 
-    def on_update_end(self, estimator, record=None, eta=None, **info) -> None:
-        postfix = {"batch": record["batch_size"], "workers": record["n_workers"], "loss": f"{record['loss']:.4g}"}
+    def on_update_end(self, estimator, record=None, eta=None, loop=None, **info) -> None:
+        postfix = {"batch": self._schedule_size(record["batch_size"], loop), "workers": record["n_workers"],
+                   "loss": f"{record['loss']:.4g}"}
         if eta is not None:  # the fit's time left, from the schedule and the measured update times
             postfix["left"] = f"{eta:.0f}s"
         self.bar_.set_postfix(postfix, refresh=False)  # drawn with the update, at tqdm's pace
         self.bar_.update(record["batch_size"])
+
+    def _schedule_size(self, size: int, loop) -> int:
+        """The schedule's batch size: a data epoch's last batch (the sampler back at position 0) holds
+        the examples left, fewer than asked for, and shows the size before it instead."""
+        shown = getattr(self, "_batch", None)
+        ended = loop is not None and getattr(loop, "position", None) == 0
+        if not (ended and shown is not None and size < shown):
+            self._batch = shown = size
+        return shown
 
     def on_epoch_end(self, estimator, **info) -> None:
         self.bar_.refresh()  # the epoch's last state, drawn once whatever the pace

@@ -7,18 +7,14 @@ sampler position (the data order is a function of the seed and the data
 epoch), and the history (docs/guide/checkpoints.rst).
 
 A checkpoint file is not trusted (docs/guide/security.rst): it holds tensors and plain
-Python data only and is read with ``torch.load(weights_only=True)``, so a
-planted file cannot run code; anything but a regular file of this user that
-only it may write is refused before it is read (opened without blocking, so
-a FIFO cannot hang the fit).  What the file declares is checked before
-anything is built from it (:class:`CorruptCheckpointError`): its parts are
-stored uncompressed and no tensor is larger than the data the file holds
-for it, so tensors take no more memory than the file; ``classes_`` has a
-dtype of plain labels; and, loaded for an estimator, every tensor and
-count matches what its module, optimizer and data need.  Writes go to a fresh
-temporary file in the same directory (``mkstemp``: never a fixed name, never
-through a symbolic link), which is synced and renamed over the target, and
-the directory is synced too, so a crash leaves the old file or the new one.
+Python data only and is read with ``torch.load(weights_only=True)``, so a planted file cannot
+run code, and only a regular file of this user that only it may write is read.  What the file
+declares is checked before anything is built from it (:class:`CorruptCheckpointError`): its
+tensors take no more memory than the file, ``classes_`` has a dtype of plain labels and, loaded
+for an estimator, every tensor and count matches what its module, optimizer and data need.
+Writes go to a fresh temporary file in the same directory (``mkstemp``: never a fixed name,
+never through a symbolic link), synced and renamed over the target, with the directory synced
+too, so a crash leaves the old file or the new one.
 """
 
 from __future__ import annotations

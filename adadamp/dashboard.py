@@ -53,10 +53,16 @@ FIT_ID = re.compile(r"[0-9a-f]{12}")
 
 # --------------------------------------------------------------------------- client side
 class Publisher:
-    """Publishes one fit's progress to the scheduler of ``client`` (see the module docstring)."""
+    """Publishes one fit's progress to the scheduler of ``client`` (see the module docstring).
 
-    def __init__(self, client, name: str, params: dict, n_data: int, epochs: int):
+    ``loop``: the fit's clock (:class:`~adadamp.dampers.clock.LoopState`), read after each update
+    to tell a data epoch's ragged last batch from a change of the schedule (``batch_schedule``).
+    """
+
+    def __init__(self, client, name: str, params: dict, n_data: int, epochs: int, loop=None):
         self.client = client
+        self.loop = loop
+        self._schedule = None  # the schedule's latest batch size
         self.fit = uuid.uuid4().hex[:12]
         self.topic = f"{TOPIC}/{self.fit}"
         self.start = time.time()
@@ -81,12 +87,23 @@ class Publisher:
     def update(self, n_update: int, record: dict) -> None:
         record = {**record, **_shares(record)}
         row = {k: _number(record[k]) for k in UPDATE_FIELDS if k in record}
-        row.update(update=n_update, time=time.time() - self.start)
+        row.update(update=n_update, time=time.time() - self.start, batch_schedule=self._scheduled(row.get("batch_size")))
         self._pending.append(row)
         # every half second at first; a long fit less often (at most ~1000 batches per fit)
         every = max(0.5, (time.time() - self.start) / 1000)
         if time.monotonic() - self._last_flush >= every:
             self.flush()
+
+    def _scheduled(self, size):
+        """The schedule's batch size at this update: a batch that ended a data epoch (the sampler back
+        at position 0) holds the examples left, fewer than the schedule asked for, and is published
+        with the size before it, so that the page draws no dip at every epoch's end."""
+        ended = getattr(self.loop, "position", None) == 0
+        if not isinstance(size, int | float) or isinstance(size, bool):
+            return size
+        if not (ended and self._schedule is not None and size < self._schedule):
+            self._schedule = size
+        return self._schedule
 
     def flush(self) -> None:
         if self._pending:
@@ -132,7 +149,7 @@ def opener(name: str, params: dict, state):
     of estimator ``name`` with ``params`` (:func:`short_params`), training ``state`` (a
     :class:`~adadamp.records.TrainingState`)."""
     shown = short_params(params)
-    return lambda client, last: Publisher(client, name, shown, state.loop.n_data, last)
+    return lambda client, last: Publisher(client, name, shown, state.loop.n_data, last, loop=state.loop)
 
 
 def short_params(params: dict) -> dict:
@@ -190,9 +207,11 @@ def fit_data(scheduler, fit: str) -> dict:
     """Everything the page shows of one fit: its parameters, update and epoch series, progress.  Each
     field of the fit's events is read on its own: one that is not a finite number (None, a string, NaN,
     infinity) or is missing is None (null in the JSON, a blank in the table), and an event or row of
-    another shape is skipped."""
+    another shape is skipped.  ``batch_schedule`` is the schedule's batch size (a row published
+    without it: its ``batch_size``); ``lost`` lists only the updates that lost workers, so that the
+    page marks those and draws nothing where nothing was lost."""
     start = next((f for f in fit_list(scheduler) if f["fit"] == fit), None)
-    columns = ("update", "time", *UPDATE_FIELDS)
+    columns = ("update", "time", *UPDATE_FIELDS, "batch_schedule")
     rows: list[dict] = []
     epochs: list[dict] = []
     end = None
@@ -212,6 +231,10 @@ def fit_data(scheduler, fit: str) -> dict:
     if rows and shown[-1] is not rows[-1]:
         shown.append(rows[-1])
     shown = [{c: _finite(row.get(c)) for c in columns} for row in shown]  # the last update is the last shown
+    for row in shown:
+        row["batch_schedule"] = _first(row["batch_schedule"], row["batch_size"])
+    lost = [(_finite(row.get("update")), _finite(row.get("lost"))) for row in rows]
+    lost = [(u, n) for u, n in lost if u is not None and n is not None and n > 0][-MAX_POINTS:]
     now = shown[-1] if shown else dict.fromkeys(columns)
     last = epochs[-1] if epochs else {}
     seen = last.get("n_samples_seen")
@@ -222,7 +245,7 @@ def fit_data(scheduler, fit: str) -> dict:
         "examples_seen": seen if seen is not None else sum(_finite(row.get("batch_size")) or 0 for row in rows),
         "train_loss": last.get("train_loss"),
         "valid_loss": last.get("valid_loss"),
-        "batch_size": _first(last.get("batch_size"), now["batch_size"]),
+        "batch_size": _first(now["batch_schedule"], last.get("batch_size")),  # the schedule's, now
         "workers": now["n_workers"],
         "eta_s": None if end is not None else last.get("eta"),
         "state": "running" if end is None else ("failed: " + end["error"] if end["error"] else "finished"),
@@ -235,6 +258,7 @@ def fit_data(scheduler, fit: str) -> dict:
         "progress": progress,
         "updates": {c: [u[c] for u in shown] for c in columns},
         "epochs": {k: [e[k] for e in epochs] for k in ("epoch", "n_updates", "train_loss", "valid_loss")},
+        "lost": {"update": [u for u, _ in lost], "lost": [n for _, n in lost]},
     }
 
 
@@ -295,7 +319,7 @@ class _FitHandler(_Handler):
 
 
 class TrainingData(_FitHandler):
-    """``/adadamp/data.json?fit=ID&what=updates|epochs|summary``: the page's data (JSON)."""
+    """``/adadamp/data.json?fit=ID&what=updates|epochs|lost|summary``: the page's data (JSON)."""
 
     def get(self):
         fits = fit_list(self.server)
@@ -306,11 +330,12 @@ class TrainingData(_FitHandler):
             self.write(_json({"fits": [], "fit": None}))
             return
         data = fit_data(self.server, fit)
-        if what in ("updates", "epochs"):  # the columns a Bokeh AjaxDataSource takes
+        series = ("updates", "epochs", "lost")
+        if what in series:  # the columns a Bokeh AjaxDataSource takes
             self.write(_json(data[what]))
             return
         listed = [{"fit": f["fit"], "name": f["name"], "time": f["time"]} for f in fits]
-        self.write(_json({"fits": listed, **{k: v for k, v in data.items() if k not in ("updates", "epochs")}}))
+        self.write(_json({"fits": listed, **{k: v for k, v in data.items() if k not in series}}))
 
 
 class TrainingPage(_FitHandler):
@@ -395,7 +420,9 @@ def page_html(data_url: str, fit: str, static: str = "static/") -> str:
     """The page: Bokeh figures polling ``data_url`` for ``fit``, and a progress table kept current by
     the page's script.  It runs no inline script (its :data:`CSP` forbids any): the scripts are files
     under ``static`` (:class:`PageFiles`: Bokeh's JavaScript and ``page.js``), and the plots and the
-    page's settings are JSON data blocks that ``page.js`` reads and hands to Bokeh."""
+    page's settings are JSON data blocks that ``page.js`` reads and hands to Bokeh.  Legends sit
+    above their plots, never over the newest data (a legend inside the top right corner covered the
+    end of the loss curve)."""
     from bokeh import __version__ as bokeh_version
     from bokeh.embed import json_item
     from bokeh.layouts import gridplot
@@ -406,35 +433,40 @@ def page_html(data_url: str, fit: str, static: str = "static/") -> str:
         return AjaxDataSource(data_url=f"{data_url}?fit={fit}&what={what}", polling_interval=1000, mode="replace",
                               method="GET", name=name)
 
-    updates, epochs = source("updates", "updates"), source("epochs", "epochs")
+    updates, epochs, lost = source("updates", "updates"), source("epochs", "epochs"), source("lost", "lost")
     size = {"width": 560, "height": 230, "x_axis_label": "model updates", "tools": "pan,wheel_zoom,box_zoom,reset"}
-    loss = figure(title="loss", y_axis_type="log", **size)
+    loss = figure(title="loss", y_axis_type="log", name="loss", **size)
     loss.line("update", "loss", source=updates, legend_label="batch loss", alpha=0.5)
     loss.scatter("n_updates", "train_loss", source=epochs, legend_label="train loss (epoch)", color="black", size=6)
     loss.scatter("n_updates", "valid_loss", source=epochs, legend_label="valid loss (epoch)", color="red", size=6)
-    batch = figure(title="batch size", **size)
-    batch.step("update", "batch_size", source=updates, mode="after")
+    batch = figure(title="batch size (the schedule's)", name="batch", **size)  # not each epoch's ragged last batch
+    batch.step("update", "batch_schedule", source=updates, mode="after", name="batch_schedule")
     lr = figure(title="learning rate", y_axis_type="log", **size)
     lr.step("update", "lr", source=updates, mode="after", color="green")
-    workers = figure(title="workers", **size)
+    workers = figure(title="workers", name="workers", **size)
     workers.step("update", "n_workers", source=updates, mode="after", color="purple", legend_label="workers")
     workers.step("update", "stragglers", source=updates, mode="after", color="red", legend_label="stragglers")
-    workers.scatter("update", "lost", source=updates, color="black", size=4, legend_label="lost")
-    shares = figure(title="examples per worker (smallest, largest share)", **size)
+    workers.scatter("update", "lost", source=lost, color="black", marker="x", size=8, legend_label="lost",
+                    name="lost_markers")  # only the updates that lost workers
+    shares = figure(title="examples per worker (smallest, largest share)", name="shares", **size)
     shares.line("update", "share_min", source=updates, color="red", legend_label="smallest")
     shares.line("update", "share_max", source=updates, color="blue", legend_label="largest")
-    times = figure(title="time per update (s)", y_axis_type="log", **size)
+    times = figure(title="time per update (s)", y_axis_type="log", name="times", **size)
     for field, color in (("update_time", "black"), ("compute_time", "orange"), ("comm_time", "blue"),
                          ("step_time", "green")):
         times.line("update", field, source=updates, legend_label=field.replace("_time", ""), color=color, alpha=0.7)
     noise = figure(title="gradient noise scale (Goodput's reason)", y_axis_type="log", **size)
     noise.line("update", "noise_scale", source=updates, color="red")
-    efficiency = figure(title="statistical efficiency of the batch, learning-rate decay (Goodput)", **size)
+    efficiency = figure(title="statistical efficiency of the batch, learning-rate decay (Goodput)", name="efficiency",
+                        **size)
     efficiency.line("update", "efficiency", source=updates, color="gray", legend_label="efficiency")
     efficiency.line("update", "decay", source=updates, color="purple", legend_label="lr decay")
-    for fig in (loss, times, workers, shares, efficiency):
-        fig.legend.location = "top_right"
-        fig.legend.click_policy = "hide"
+    for fig in (loss, times, workers, shares, efficiency):  # above the plot: inside, it covered the data
+        legend = fig.legend[0]
+        fig.center = [r for r in fig.center if r is not legend]
+        legend.update(orientation="horizontal", location="top_left", click_policy="hide", padding=2, margin=2,
+                      spacing=8, label_text_font_size="11px", glyph_width=14)
+        fig.add_layout(legend, "above")
     plots = json_item(gridplot([[loss, times], [batch, lr], [workers, shares], [noise, efficiency]]))
     return _PAGE.format(static=html.escape(static), bokeh_version=html.escape(bokeh_version),
                         plots=_script_json(plots), settings=_script_json({"dataUrl": data_url, "fit": fit}))

@@ -6,41 +6,35 @@ the module, criterion, optimizer and damper, and hand them to the fit loop
 ``module__hidden=8``, ``optimizer__lr=0.05``, ``criterion__weight=...``,
 ``batch_size__delay=5`` (as in skorch; :mod:`adadamp.routing`).
 
-This module is the scikit-learn contract only: the constructor parameters and their
-documentation, their constraint table (:mod:`adadamp.constraints`), ``fit`` / ``partial_fit`` /
-warm starts as one recipe (``_fit``), predict and score, the fitted attributes and their
-persistence.  The steps live below it: inputs become a data source in :mod:`adadamp.data`, the
-objects a fit trains are built in :mod:`adadamp.building` (with the checks that build something,
-the fit's seed and its resumption from a checkpoint file), epochs run in
-:func:`adadamp.engine.session.train`; the original adadamp's names (``meta_`` among them) are
-:mod:`adadamp.porting`'s.  Most of its lines are the numpydoc documentation of the
-parameters and methods, kept beside them as scikit-learn does; one module because the two
-estimators share that documentation and one base class (its code is under 300 lines).
+This module is the estimators' declaration, their scikit-learn contract: the constructor
+parameters and their numpydoc documentation (most of its lines, kept beside them as scikit-learn
+does), their constraint table (:mod:`adadamp.constraints`), ``get_params`` / ``set_params`` with
+routed keys, the client they train on, cloning and pickling, and the targets that make one a
+classifier and the other a regressor.  What they do is in two mixins: training (``fit`` /
+``partial_fit`` / warm starts as one recipe, the fitted attributes and their persistence) in
+:mod:`adadamp.fitting`, and ``predict`` / ``predict_proba`` / ``score`` in
+:mod:`adadamp.predicting`.  The steps live below those: inputs become a data source in
+:mod:`adadamp.data`, the objects a fit trains are built in :mod:`adadamp.building` (with the
+checks that build something, the fit's seed and its resumption from a checkpoint file), epochs run
+in :func:`adadamp.engine.session.train`; the original adadamp's names (``meta_`` among them) are
+:mod:`adadamp.porting`'s.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import inspect
 import logging
-import types
 from typing import ClassVar
 
-import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
-from sklearn.utils.validation import check_is_fitted
-from torch import nn
+from sklearn.base import BaseEstimator, clone
 
-from . import building, checkpoint, constraints, dashboard, inference, pickled_client, porting, routing
+from . import building, constraints, pickled_client, porting, routing
 from . import cluster as cl
-from .data import Labels, Values, convert, make_source
-from .engine import session
+from .data import Labels, Values
 from .engine.backends import backend_names
-from .engine.loop import FitLoop
-from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
-from .records import TrainingState
+from .fitting import FitMixin, is_fitted
+from .predicting import ClassifierPredictMixin, RegressorPredictMixin
 
 __all__ = ["BaseDaskEstimator", "DaskBaseDamper", "DaskClassifier", "DaskRegressor"]
 
@@ -55,7 +49,7 @@ _PARAMETER_HINTS = {
     "shares": "Use 'speed' on a cluster whose workers differ in speed, 'equal' (the default) for bitwise reproducibility.",
 }
 
-class BaseDaskEstimator(BaseEstimator):
+class BaseDaskEstimator(FitMixin, BaseEstimator):
     """Base of :class:`DaskClassifier` and :class:`DaskRegressor` (not instantiated itself).
 
     Trains a PyTorch module with synchronous data-parallel SGD on the workers
@@ -371,247 +365,7 @@ class BaseDaskEstimator(BaseEstimator):
         constraints.check(self._parameter_constraints, params, _PARAMETER_HINTS)
         return building.check_params(params)
 
-    # -------------------------------------------------------------- training
-    def fit(self, X, y=None, sample_weight=None, **fit_params) -> BaseDaskEstimator:
-        """Train for ``max_epochs`` epochs (afresh unless ``warm_start``).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, ...) or torch Dataset
-            numpy, torch tensor, pandas or list (placed on the workers once),
-            a dask array or DataFrame (trained on where its partitions are;
-            the client holds none of it), or a map-style torch Dataset of
-            ``(x, y)`` pairs (then ``y=None``), which the workers read example
-            by example (the embedded cluster's too).
-            N-dimensional inputs (images, sequences) are kept as they are.
-        y : array-like of shape (n_samples,) or (n_samples, n_targets)
-            Targets: labels for the classifier, numbers for the regressor.
-            None when ``X`` is a torch Dataset.
-        sample_weight : array-like of shape (n_samples,), default=None
-            Non-negative weights of the examples: the trained loss is the
-            weighted mean ``sum(w * loss) / sum(w)`` of each batch (with the
-            criterion's class weights, if any, multiplied in).  A dask array
-            when ``X`` is one.  Not with a torch Dataset.
-        **fit_params
-            ``classes`` (:class:`DaskClassifier` only): every label, when
-            ``y`` may not contain all of them.
-
-        Returns
-        -------
-        self
-
-        Raises
-        ------
-        ConvergenceError
-            The loss became non-finite; the estimator keeps the last finite
-            weights.
-        NoWorkersError
-            No worker was left and none joined within ``worker_timeout``.
-        SchedulerLostError
-            The Dask scheduler went away during the fit.
-
-        Examples
-        --------
-        >>> from sklearn.datasets import load_digits
-        >>> from adadamp import DaskClassifier
-        >>> X, y = load_digits(return_X_y=True)
-        >>> est = DaskClassifier(max_epochs=3, random_state=0)
-        >>> est.fit(X / 16, y)  # doctest: +SKIP
-        DaskClassifier(max_epochs=3, random_state=0)
-        >>> len(est.history_)  # doctest: +SKIP
-        3
-        """
-        warm = self.warm_start and _is_fitted(self)
-        return self._fit(X, y, epochs=self.max_epochs, fresh=not warm, sample_weight=sample_weight,
-                         **self._check_fit_params(fit_params))
-
-    def partial_fit(self, X, y=None, sample_weight=None, **fit_params) -> BaseDaskEstimator:
-        """Train for exactly one epoch, continuing from the fitted state.
-
-        ``max_epochs`` is ignored.  The first call on an unfitted estimator
-        starts afresh; later calls continue with the same weights,
-        optimizer state, damper state and epoch clock, so ``n`` calls train
-        like ``fit`` with ``max_epochs=n``.  If ``batch_size`` (or a
-        ``batch_size__*`` parameter) changed since the last call, the damper
-        is built again.
-
-        On a cluster of yours (``client``, or a current Client) the workers
-        keep the module and the placed data between calls: a call on the
-        same data (the same dask graph, Dataset, or arrays with the same
-        contents) starts at once.  They are released by a call on other
-        data, by ``fit``, after 10 minutes without a call, or when the
-        estimator is deleted.
-
-        Parameters
-        ----------
-        X, y
-            As for :meth:`fit`.
-        **fit_params
-            As for :meth:`fit`.
-
-        Returns
-        -------
-        self
-
-        Examples
-        --------
-        >>> from sklearn.datasets import make_regression
-        >>> from adadamp import DaskRegressor
-        >>> X, y = make_regression(n_features=10, random_state=0)
-        >>> est = DaskRegressor(random_state=0)
-        >>> for _ in range(3):  # doctest: +SKIP
-        ...     est = est.partial_fit(X, y)
-        >>> est.n_iter_  # doctest: +SKIP
-        3
-        """
-        return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), keep=True, sample_weight=sample_weight,
-                         **self._check_fit_params(fit_params))
-
-    def _check_fit_params(self, fit_params: dict) -> dict:
-        """The keyword arguments of ``fit`` beyond ``sample_weight`` that this estimator takes."""
-        allowed = ("classes",) if isinstance(self, ClassifierMixin) else ()
-        unknown = sorted(set(fit_params) - set(allowed))
-        if unknown:
-            takes = ", ".join(("sample_weight", *allowed))
-            raise TypeError(f"{type(self).__name__}.fit got unexpected keyword argument(s) {unknown}; "
-                            f"it takes X, y and {takes}.")
-        return fit_params
-
-    def _fit(self, X, y, *, epochs: int, fresh: bool, classes=None, keep: bool = False, sample_weight=None):
-        """The recipe of ``fit`` and ``partial_fit``: check, make the data source, build or continue
-        the state, train it on the cluster, and commit it only when training returns."""
-        callbacks = self._check_params()
-        if sample_weight is not None and convert.is_dataset(X):
-            raise ValueError("sample_weight is not taken with a torch Dataset as X: weight the examples' loss in "
-                             "the criterion, or fit arrays.")
-        params = self.get_params(deep=False)
-        client = self._client()
-        policy = cl.ClusterPolicy.of(params, embedded=client is None)
-        with cl.reading_client(client, policy, workers_read=convert.is_dataset(X)) as (client, policy):
-            targets = self._targets(fresh, classes)
-            made = make_source(
-                X, y, targets, estimator=self, fresh=fresh, client=client, sample_weight=sample_weight,
-                seed=functools.partial(building.draw_seed, self.random_state) if fresh else lambda: self.loop_.seed,
-                validation_fraction=self.validation_fraction,
-                loading={"threads": int(self.dataset_threads), "cache": bool(self.dataset_cache)},
-            )
-            if fresh:
-                state = building.initial_state(params, made, targets)
-            else:  # on copies, so that a failed call leaves the fitted state as it was
-                state = building.continued_state(copy.deepcopy(self._state()), params, made, self._damper_spec_)
-            epoch_updates = building.resume(state, params, made.source, fresh)  # from the checkpoint file
-            if fresh:
-                epochs -= len(state.history)  # the epochs a resumed checkpoint trained
-            state.callbacks = callbacks  # the clones that run, kept with what they learn
-            weighted, valid = building.ready(state, made)
-            loop = FitLoop(self, state, checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every,
-                           verbose=self.verbose, valid=valid, page=dashboard.opener(type(self).__name__, params, state),
-                           budgeted=not keep)
-            self._training_state = state  # save_params from a callback saves this state, not the last fit's
-            start = state.loop.n_updates
-            try:
-                self._kept_backend = session.train(
-                    loop, made.source, epochs, epoch_updates, backend=self.backend, device=str(self.device),
-                    client=client, policy=policy, criterion=weighted, fresh=fresh, keep=keep, owner=self,
-                    kept=self.__dict__.pop("_kept_backend", None),  # one call at a time uses it
-                )
-            except (ConvergenceError, NoWorkersError, SchedulerLostError):
-                if state.loop.n_updates > start:
-                    self._commit(state)  # training stopped cleanly, with the last good weights
-                raise
-            finally:
-                del self._training_state
-        self._commit(state)
-        return self
-
-    def _commit(self, state: TrainingState) -> None:
-        state.set_on(self)
-        self._damper_spec_ = building.damper_spec(self.get_params(deep=False))
-
-    # --------------------------------------------------------- save / load
-    def save_params(self, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> None:
-        """Save parts of the fitted state (skorch's names).
-
-        Parameters
-        ----------
-        f_params : path, optional
-            The module's ``state_dict`` (``torch.save``).
-        f_optimizer : path, optional
-            The optimizer's ``state_dict``.
-        f_history : path, optional
-            ``history_`` as JSON.
-        f_checkpoint : path, optional
-            Everything needed to resume training (see ``checkpoint``).
-
-        Examples
-        --------
-        >>> est.save_params(f_params="model.pt", f_history="history.json")  # doctest: +SKIP
-        """
-        state = getattr(self, "_training_state", None)  # during fit (from a callback): what is being trained
-        if state is None:
-            check_is_fitted(self)
-            state = self._state()
-        checkpoint.save_parts(state, f_params=f_params, f_optimizer=f_optimizer, f_history=f_history,
-                              f_checkpoint=f_checkpoint)
-
-    def load_params(self, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> BaseDaskEstimator:
-        """Load what :meth:`save_params` saved into a fitted estimator of the same structure.
-
-        There is no separate initialisation step: the estimator must have
-        been fitted (for instance for one epoch on the same data), so that
-        ``module_`` and ``optimizer_`` exist to receive the saved state.
-
-        Parameters
-        ----------
-        f_params : path, optional
-            A module ``state_dict`` saved by :meth:`save_params`.
-        f_optimizer : path, optional
-            An optimizer ``state_dict``.
-        f_history : path, optional
-            A JSON history; sets ``history_`` and ``n_iter_``.
-        f_checkpoint : path, optional
-            A full training state (weights, optimizer, damper, epoch clock,
-            history).  It must have been written for the same number of
-            training examples as this estimator was fitted on.
-
-        Returns
-        -------
-        self
-
-        Examples
-        --------
-        >>> est.save_params(f_params="model.pt")  # doctest: +SKIP
-        >>> new = DaskClassifier(max_epochs=1).fit(X, y)  # doctest: +SKIP
-        >>> new.load_params(f_params="model.pt")  # doctest: +SKIP
-        """
-        check_is_fitted(self)
-        state = self._state()
-        checkpoint.load_parts(state, self.loop_.n_data, f_params=f_params, f_optimizer=f_optimizer,
-                              f_history=f_history, f_checkpoint=f_checkpoint)
-        if f_checkpoint is not None:
-            self._commit(state)  # the damper and the epoch clock too
-        self.history_, self.n_iter_ = state.history, len(state.history)
-        return self
-
-    def _state(self) -> TrainingState:
-        """The fitted state as a :class:`~adadamp.records.TrainingState` (shares the objects)."""
-        return TrainingState.of(self, target_keys=("classes_", "_y_1d"))
-
-    # -------------------------------------------------------------- predict
-    def _forward(self, X):
-        """The module's outputs for ``X`` (:func:`adadamp.inference.outputs`)."""
-        check_is_fitted(self)
-        return inference.outputs(self.module_, X, self, self._client() if convert.is_dataset(X) else None)
-
-    def _score(self, X, y, sample_weight, dask_metric, local_score) -> float:
-        """The score on dask collections by ``dask_metric`` on the cluster, else scikit-learn's mixin's."""
-        client = self._client() if convert.is_dataset(X) or convert.is_dask(X) else None  # in memory: no cluster
-        X, y = inference.scoring_inputs(X, y, client)
-        if convert.is_dask(X):
-            with cl.as_current(client):
-                return dask_metric(self.predict(X), y, sample_weight)
-        return local_score(X, y, sample_weight=sample_weight)
-
+    # -------------------------------------- the client, pickling and cloning
     def _client(self):
         """The client this estimator works with: its own (a pickled one connected once per process,
         :mod:`adadamp.pickled_client`), the current one, the default client of the process that sent
@@ -623,22 +377,6 @@ class BaseDaskEstimator(BaseEstimator):
         if client is None and sender is not None:
             return sender.resolve(type(self).__name__)
         return client
-
-    @property
-    def meta_(self) -> types.MappingProxyType:
-        """Read-only summary of the fitted state (adadamp's ``meta_``).
-
-        Keys: ``n_updates``, ``n_samples_seen``, ``epochs`` (the epoch
-        clock), and from the last epoch's row of ``history_``:
-        ``batch_size``, ``lr``, ``n_workers`` and ``train_loss``.
-
-        Examples
-        --------
-        >>> est.fit(X, y).meta_["n_updates"]  # doctest: +SKIP
-        570
-        """
-        check_is_fitted(self)
-        return porting.meta(self.loop_, self.history_)
 
     def __getattr__(self, name: str):
         """Only reached for a missing attribute: the original adadamp's names get their new spelling."""
@@ -683,7 +421,7 @@ class BaseDaskEstimator(BaseEstimator):
         return tags
 
 
-class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
+class DaskClassifier(ClassifierPredictMixin, BaseDaskEstimator):
     """Classify with a PyTorch module trained on a Dask cluster.
 
     See :class:`BaseDaskEstimator` for the parameters.  Labels may be of any
@@ -724,82 +462,15 @@ class DaskClassifier(ClassifierMixin, BaseDaskEstimator):
         >>> est.partial_fit(X[:500], y[:500], classes=np.arange(10))  # doctest: +SKIP
         >>> est.partial_fit(X[500:], y[500:])  # doctest: +SKIP
         """
-        return self._fit(X, y, epochs=1, fresh=not _is_fitted(self), classes=classes, keep=True,
+        return self._fit(X, y, epochs=1, fresh=not is_fitted(self), classes=classes, keep=True,
                          sample_weight=sample_weight)
 
     def _targets(self, fresh: bool, classes=None) -> Labels:
         """The labels of this fit's ``y``: those of ``classes=`` or ``y``, or the fitted ones (warm)."""
         return Labels(type(self).__name__, None if fresh else self.classes_, classes)
 
-    def predict_proba(self, X) -> np.ndarray:
-        """Class probabilities, columns in ``classes_`` order.
 
-        The softmax of the module's output (its exponential when the
-        criterion is ``NLLLoss``, whose inputs are log-probabilities),
-        computed on the client's CPU in eval mode.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, ...)
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes)
-
-        Examples
-        --------
-        >>> est.fit(X, y).predict_proba(X[:2]).sum(axis=1)  # doctest: +SKIP
-        array([1., 1.])
-        """
-        return inference.probabilities(self._forward(X), isinstance(self.criterion_, nn.NLLLoss))
-
-    def predict(self, X) -> np.ndarray:
-        """The most likely label of each example.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, ...)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-            Labels from ``classes_`` (strings stay strings).
-
-        Examples
-        --------
-        >>> est = DaskClassifier().fit(X, ["odd" if v % 2 else "even" for v in y])  # doctest: +SKIP
-        >>> est.predict(X[:3])  # doctest: +SKIP
-        array(['even', 'odd', 'even'], dtype='<U4')
-        """
-        out = self._forward(X)  # checks that the estimator is fitted, before classes_ is read
-        return inference.labels(out, self.classes_)
-
-    def score(self, X, y=None, sample_weight=None) -> float:
-        """Mean accuracy of :meth:`predict` on ``X`` (scikit-learn's ``ClassifierMixin.score``).
-
-        Greater is better, so ``GridSearchCV`` picks the most accurate model.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, ...) or torch Dataset
-            A map-style Dataset of ``(x, y)`` pairs takes ``y=None``.
-        y : array-like of shape (n_samples,)
-            True labels.
-        sample_weight : array-like of shape (n_samples,), optional
-
-        Returns
-        -------
-        float
-
-        Examples
-        --------
-        >>> DaskClassifier(max_epochs=5).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
-        0.96
-        """
-        return self._score(X, y, sample_weight, inference.dask_accuracy, super().score)
-
-
-class DaskRegressor(RegressorMixin, BaseDaskEstimator):
+class DaskRegressor(RegressorPredictMixin, BaseDaskEstimator):
     """Regress with a PyTorch module trained on a Dask cluster.
 
     See :class:`BaseDaskEstimator` for the parameters.  ``y`` may be 1-d (the
@@ -817,50 +488,6 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
         """The values of this fit's ``y``; a warm start keeps the fitted ``y``'s dimensions."""
         return Values(None if fresh else self._y_1d)
 
-    def predict(self, X) -> np.ndarray:
-        """Predicted targets, 1-d when ``y`` was 1-d.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, ...)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,) or (n_samples, n_targets)
-            float64.
-
-        Examples
-        --------
-        >>> DaskRegressor().fit(X, y).predict(X[:2]).shape  # doctest: +SKIP
-        (2,)
-        """
-        out = self._forward(X)
-        return out[:, 0] if self._y_1d else out
-
-    def score(self, X, y=None, sample_weight=None) -> float:
-        """Coefficient of determination R^2 of :meth:`predict` on ``X`` (``RegressorMixin.score``).
-
-        1 is a perfect fit; greater is better.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, ...) or torch Dataset
-            A map-style Dataset of ``(x, y)`` pairs takes ``y=None``.
-        y : array-like of shape (n_samples,) or (n_samples, n_targets)
-            True targets.
-        sample_weight : array-like of shape (n_samples,), optional
-
-        Returns
-        -------
-        float
-
-        Examples
-        --------
-        >>> DaskRegressor(max_epochs=50).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
-        0.99
-        """
-        return self._score(X, y, sample_weight, inference.dask_r2, super().score)
-
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.target_tags.multi_output = True
@@ -870,7 +497,3 @@ class DaskRegressor(RegressorMixin, BaseDaskEstimator):
 # ------------------------------------------------------------------ helpers
 #: The original adadamp's name of the base class (kept for its users; it is not fitted itself).
 DaskBaseDamper = BaseDaskEstimator
-
-
-def _is_fitted(est) -> bool:
-    return hasattr(est, "module_")

@@ -4,12 +4,19 @@ Each function takes a fitted :class:`~adadamp.DaskClassifier` /
 :class:`~adadamp.DaskRegressor` (or its ``history_``) and draws one quantity
 against ``x``:
 
-* ``x="epoch"``: one point per epoch (the epoch rows of ``history_``);
-* ``x="update"``: one point per model update (the ``"updates"`` of each
-  epoch row), numbered 1, 2, ...;
+* ``x="epoch"`` (or ``"epochs"``): one point per epoch (the epoch rows of
+  ``history_``);
+* ``x="update"`` (or ``"updates"``): one point per model update (the
+  ``"updates"`` of each epoch row), numbered 1, 2, ...;
 * ``x="time"``: the same points against training time in seconds: the
   previous epochs' ``dur`` plus the update times so far in this epoch, so the
   axis grows with every update.
+
+Per update, the batch size drawn is the schedule's: the last batch of a data
+epoch holds the examples left (e.g. 3), fewer than the schedule asked for, and
+is drawn at the size before it, rather than as a dip every epoch.
+New figures use matplotlib's constrained layout, so that a plain
+``fig.savefig`` keeps the axis labels inside the image.
 
 :func:`plot_history` draws loss, batch size, learning rate and workers in
 one figure; :func:`plot_loss`, :func:`plot_batch_size`, :func:`plot_lr` and
@@ -43,6 +50,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["plot_batch_size", "plot_history", "plot_loss", "plot_lr", "plot_n_workers", "series"]
 
 XS = ("epoch", "update", "time")
+#: The words ``x`` takes for each axis (the docs and notebooks write both the singular and the plural).
+X_ALIASES = {"epoch": "epoch", "epochs": "epoch", "update": "update", "updates": "update", "time": "time"}
 X_LABELS = {"epoch": "epoch", "update": "model update", "time": "training time (s)"}
 # quantity -> (epoch-row key, per-update key, y label)
 QUANTITIES = {
@@ -81,9 +90,35 @@ def _history(estimator) -> list[dict]:
     return history
 
 
-def _check_x(x: str) -> None:
-    if x not in XS:
-        raise ValueError(f"x must be one of {', '.join(map(repr, XS))}; got {x!r}.")
+def _check_x(x: str) -> str:
+    """The axis ``x`` names (:data:`X_ALIASES`); an unknown word is an error listing the accepted ones."""
+    axis = X_ALIASES.get(x) if isinstance(x, str) else None
+    if axis is None:
+        raise ValueError(f"x must be one of {', '.join(map(repr, X_ALIASES))}; got {x!r}.")
+    return axis
+
+
+def _schedule_batch_sizes(updates: Sequence[Sequence[dict]]) -> list[int]:
+    """Each update's batch size as the schedule set it, from the update records of each epoch.
+
+    A batch never straddles two data epochs, so an epoch's last batch holds the examples left,
+    often fewer than the schedule asked for; drawn as they are, these ragged batches look like
+    the schedule dropping and coming back every epoch.  The last update of an epoch smaller than
+    the update before it (in that epoch or the one before) is given that size.
+
+    Examples
+    --------
+    >>> _schedule_batch_sizes([[{"batch_size": 32}, {"batch_size": 32}, {"batch_size": 3}],
+    ...                       [{"batch_size": 64}, {"batch_size": 3}]])
+    [32, 32, 32, 64, 64]
+    """
+    sizes: list[int] = []
+    for epoch in updates:
+        for i, u in enumerate(epoch):
+            size = u["batch_size"]
+            last = i == len(epoch) - 1
+            sizes.append(sizes[-1] if last and sizes and size < sizes[-1] else size)
+    return sizes
 
 
 def _updates(history: list[dict]) -> list[list[dict]]:
@@ -103,7 +138,10 @@ def series(estimator, key: str, x: str = "epoch") -> tuple[np.ndarray, np.ndarra
     key : {"loss", "valid_loss", "batch_size", "lr", "n_workers"}
         ``"valid_loss"`` is recorded once per epoch (``validation_fraction``);
         with ``x="update"`` / ``"time"`` it sits at each epoch's last update.
+        ``"batch_size"`` per update is the schedule's: an epoch's ragged
+        last batch (the examples left) has the size of the update before it.
     x : {"epoch", "update", "time"}, default="epoch"
+        Also ``"epochs"`` and ``"updates"``.
 
     Returns
     -------
@@ -122,7 +160,7 @@ def series(estimator, key: str, x: str = "epoch") -> tuple[np.ndarray, np.ndarra
     >>> series(history, "loss", x="time")[0]
     array([0.4, 0.9])
     """
-    _check_x(x)
+    x = _check_x(x)
     history = _history(estimator)
     if key == "valid_loss":
         rows = [row for row in history if "valid_loss" in row]
@@ -144,7 +182,10 @@ def series(estimator, key: str, x: str = "epoch") -> tuple[np.ndarray, np.ndarra
             np.asarray([row[epoch_key] for row in history], dtype=float),
         )
     per_epoch = _updates(history)
-    ys = [u[update_key] for updates in per_epoch for u in updates]
+    if key == "batch_size":
+        ys = _schedule_batch_sizes(per_epoch)
+    else:
+        ys = [u[update_key] for updates in per_epoch for u in updates]
     return _update_xs(history, per_epoch, x), np.asarray(ys, dtype=float)
 
 
@@ -167,10 +208,10 @@ def _epoch_ends(history: list[dict], x: str) -> np.ndarray:
 
 def _draw(estimator, key: str, x: str, ax, label: str | None, **kwargs):
     """Draw one quantity into ``ax`` (a new Axes if None); returns the Axes."""
-    _check_x(x)
+    x = _check_x(x)
     history = _history(estimator)
-    if ax is None:
-        _, ax = _pyplot().subplots()
+    if ax is None:  # constrained: a plain savefig keeps the labels in the image
+        _, ax = _pyplot().subplots(layout="constrained")
     _, _, ylabel = QUANTITIES[key]
     style = {} if key == "loss" else {"drawstyle": "steps-post"}
     xs, ys = series(history, key, x)
@@ -199,7 +240,7 @@ _ONE_QUANTITY_DOC = """{summary}
         The estimator, or its ``history_`` (also one read back from JSON).
     x : {{"epoch", "update", "time"}}, default="epoch"
         Per epoch, or per model update against the update number or the
-        training time in seconds.
+        training time in seconds (``"epochs"`` and ``"updates"`` work too).
     ax : matplotlib Axes, optional
         Draw into this Axes; a new figure is made when None.
     label : str, optional
@@ -251,7 +292,8 @@ def plot_loss(estimator, x: str = "epoch", *, ax: Axes | None = None, label: str
 
 
 @_one_quantity(
-    "Plot the batch size (per epoch: the epoch's largest; per update: each update's).",
+    "Plot the batch size (per epoch: the epoch's largest; per update: the schedule's, each epoch's\n"
+    "    ragged last batch drawn at the size before it).",
     """
 ax = plot_batch_size(constant, x="update", label="Constant")
 plot_batch_size(geodamp, x="update", ax=ax, label="GeoDamp")
@@ -295,11 +337,11 @@ def plot_history(
         The estimator, or its ``history_`` (also one read back from JSON).
     x : {"epoch", "update", "time"}, default="epoch"
         Per epoch, or per model update against the update number or the
-        training time in seconds.
+        training time in seconds (``"epochs"`` and ``"updates"`` work too).
     ax : sequence of matplotlib Axes, optional
         One Axes per entry of ``keys`` (e.g. ``fig.axes`` of an earlier call,
         to draw a second estimator into the same panels); a new figure with
-        ``len(keys)`` stacked panels is made when None.
+        ``len(keys)`` stacked panels (constrained layout) is made when None.
     label : str, optional
         Legend entry, to tell several estimators apart.
     keys : sequence of str, default=("loss", "batch_size", "lr", "n_workers")
@@ -329,14 +371,16 @@ def plot_history(
     >>> fig = plot_history(geodamp, x="update", ax=fig.axes, label="GeoDamp")  # doctest: +SKIP
     >>> fig.savefig("history.png")  # doctest: +SKIP
     """
-    _check_x(x)
+    x = _check_x(x)
     history = _history(estimator)
     keys = list(keys)
     unknown = [k for k in keys if k not in QUANTITIES]
     if unknown or not keys:
         raise ValueError(f"keys must be a non-empty selection of {list(QUANTITIES)}; got {keys!r}.")
     if ax is None:
-        fig, axes = _pyplot().subplots(len(keys), 1, sharex=True, figsize=(6.4, 1.9 * len(keys) + 0.6), squeeze=False)
+        # constrained layout: the default subplot margins cut the y labels off a plain fig.savefig
+        fig, axes = _pyplot().subplots(len(keys), 1, sharex=True, figsize=(6.4, 1.9 * len(keys) + 0.6), squeeze=False,
+                                       layout="constrained")
         axes = list(axes[:, 0])
     else:
         axes = list(np.ravel(ax))

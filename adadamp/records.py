@@ -219,7 +219,7 @@ class BlocksReply:
 @dataclass
 class GroupRequest:
     """The arguments of the ``adadamp_group`` RPC: form an all-reduce fit's next group
-    (:meth:`adadamp.worker.replica.Replica.join`); every member is called at once."""
+    (:meth:`adadamp.worker.generation.GroupMember.join`); every member is called at once."""
 
     fit_id: str
     generation: int  # the group's number: its rendezvous keys, and what requests name

@@ -60,7 +60,7 @@ def _wrap(owner, name: str, label) -> None:
 
 def instrument() -> list[tuple[str, int]]:
     """Wrap the phases of a fit; returns ``(label, depth)`` in the order a fit meets them."""
-    from adadamp import building, cluster, dashboard, estimators
+    from adadamp import building, cluster, dashboard, estimators, fitting
     from adadamp.engine import loop, membership, session, transport
     from adadamp.engine.backends import allreduce, base, parameter_server
     from adadamp.wire import shm
@@ -71,7 +71,7 @@ def instrument() -> list[tuple[str, int]]:
 
     order = [
         ("check params", 1, estimators.BaseDaskEstimator, "_check_params"),
-        ("data source (validation, conversion)", 1, estimators, "make_source"),
+        ("data source (validation, conversion)", 1, fitting, "make_source"),
         ("module build (initial state)", 1, building, "initial_state"),
         ("state copied (warm start)", 1, building, "continued_state"),
         ("session (open, train, release)", 1, session, "train"),
@@ -98,7 +98,7 @@ def instrument() -> list[tuple[str, int]]:
         ("released", 2, base.Backend, "__exit__"),
         ("members released", 3, membership.Membership, "release"),
         ("kept backend claimed", 2, session.KeptBackend, "claim"),
-        ("commit (attributes, history)", 1, estimators.BaseDaskEstimator, "_commit"),
+        ("commit (attributes, history)", 1, fitting.FitMixin, "_commit"),
     ]
     for label, _, owner, name in order:
         _wrap(owner, name, label)

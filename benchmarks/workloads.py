@@ -93,7 +93,7 @@ def cnn() -> nn.Module:
 
 
 def adadamp_seed(random_state: int = SEED) -> int:
-    """The sampler seed adadamp derives from ``random_state`` (``estimators._fit``)."""
+    """The sampler seed adadamp derives from ``random_state`` (``fitting.FitMixin._fit``)."""
     return int(np.random.RandomState(random_state).randint(2**31 - 1))
 
 

@@ -453,9 +453,9 @@ def test_members_that_do_not_talk_to_the_dead_worker_give_up_at_once(data):
 def _die_in_rendezvous(dask_worker, marker=""):
     """Makes this worker SIGKILL itself on its way into the next all-reduce group once ``marker``
     exists (the first worker to claim it), after its peers have started waiting for its keys."""
-    from adadamp.worker import replica
+    from adadamp.worker import generation
 
-    original = getattr(replica.gloo_group, "original", replica.gloo_group)
+    original = getattr(generation.gloo_group, "original", generation.gloo_group)
 
     def gloo_group(*args, **kwargs):
         if not _claim(marker):
@@ -464,7 +464,7 @@ def _die_in_rendezvous(dask_worker, marker=""):
         os.kill(os.getpid(), signal.SIGKILL)
 
     gloo_group.original = original
-    replica.gloo_group = gloo_group
+    generation.gloo_group = gloo_group
 
 
 def _die_after_the_all_reduce(dask_worker, marker=""):

@@ -277,3 +277,27 @@ def test_time_left_is_not_set_by_a_slow_first_update_nor_a_growth_step():
     state = TrainingState(None, None, None, damper, loop, history=history)
     truth = 0.001 * len(coming_batches(state, 6))  # 4 more epochs of updates at 1 ms
     assert time_left(state, 6) == pytest.approx(truth, rel=0.3)
+
+
+def test_progress_bar_shows_the_schedules_batch_size():
+    """Issue 54, item 5: an epoch's ragged last batch (the 3 examples left of 67 at batch 32) showed
+    ``batch=3``; the bar shows the schedule's size and still counts the examples trained."""
+    from adadamp.dampers.clock import LoopState, Sampler
+
+    loop = LoopState(seed=0, n_data=67)
+    sampler = Sampler(loop)
+    bar, trained, shown = ProgressBar(), [], []
+    for epoch, size in ((1, 32), (2, 64)):
+        bar.on_epoch_begin(None, n_data=67, epoch=epoch, eta=None)
+        while True:
+            n = len(sampler.take(size))
+            loop.advance(n)
+            bar.on_update_end(None, record={"batch_size": n, "n_workers": 1, "loss": 0.5}, eta=None, loop=loop)
+            trained.append(n)
+            shown.append(int(re.search(r"batch=(\d+)", bar.bar_.postfix).group(1)))
+            if loop.position == 0:
+                break
+        assert bar.bar_.n == 67
+        bar.on_epoch_end(None)
+    assert trained == [32, 32, 3, 64, 3]
+    assert shown == [32, 32, 32, 64, 64]

@@ -349,3 +349,205 @@ def test_the_monitoring_guide_says_why_the_task_stream_is_idle():
     section = section[: section.index("\n\n**")]
     assert "bypassing" in section and "scheduler" in section and "/adadamp" in section
     assert "live training page: http://127.0.0.1:PORT/adadamp" in guide  # what a fit prints
+
+
+class _Events:
+    """A client that keeps the events a :class:`~adadamp.dashboard.Publisher` logs, and a scheduler's
+    ``get_events`` over them (no dashboard: the publisher has no page to print)."""
+
+    dashboard_link = None
+
+    def __init__(self):
+        self.logged: dict[str, list] = {}
+
+    def log_event(self, topic, msg):
+        self.logged.setdefault(topic, []).append((0.0, msg))
+
+    def get_events(self, topic):
+        return self.logged.get(topic, [])
+
+
+def _ragged_fit(client, lost_at=()):
+    """A fit of 67 examples at batch 32 then 64 published as the fit loop does: each epoch's last batch
+    holds the examples left (3); the updates in ``lost_at`` lost two workers."""
+    from adadamp.dampers.clock import LoopState, Sampler
+
+    loop = LoopState(seed=0, n_data=67)
+    sampler = Sampler(loop)
+    publisher = dashboard.Publisher(client, "X", {}, n_data=67, epochs=2, loop=loop)
+    for size in (32, 64):
+        while True:
+            n = len(sampler.take(size))
+            loop.advance(n)
+            lost = 2 if loop.n_updates in lost_at else 0
+            publisher.update(loop.n_updates, {"loss": 1.0 / loop.n_updates, "batch_size": n, "n_workers": 2,
+                                              "lost": lost})
+            if loop.position == 0:
+                break
+        publisher.epoch({"epoch": loop.data_epoch, "n_updates": loop.n_updates, "batch_size": size}, eta=None)
+    publisher.end()
+    return publisher
+
+
+def test_the_page_data_has_the_schedule_and_only_the_lost_updates():
+    """Issue 54, item 5: the ragged last batch of each epoch is not a change of the schedule
+    (``batch_schedule``), and ``lost`` lists only the updates that lost workers (none: empty)."""
+    events = _Events()
+    fit = _ragged_fit(events, lost_at=(2,)).fit
+    data = _strict_json(dashboard._json(dashboard.fit_data(events, fit)))
+    assert data["updates"]["batch_size"] == [32, 32, 3, 64, 3]
+    assert data["updates"]["batch_schedule"] == [32, 32, 32, 64, 64]
+    assert data["updates"]["lost"] == [0, 2, 0, 0, 0]  # every update's count stays in the updates' columns
+    assert data["lost"] == {"update": [2], "lost": [2]}
+    assert data["progress"]["batch_size"] == 64  # the table's too, after the ragged batch of 3
+    fit = _ragged_fit(events).fit
+    assert dashboard.fit_data(events, fit)["lost"] == {"update": [], "lost": []}
+
+
+class _DevTools:
+    """Headless Chromium driven over the DevTools protocol on a pipe (``--remote-debugging-pipe``:
+    commands on the browser's fd 3, replies on its fd 4, each JSON message ended by a NUL), so that
+    a test reads the page's layout and Bokeh's views where ``--dump-dom`` only gives the HTML."""
+
+    def __init__(self, chromium: str, tmp_path: Path):
+        import os
+
+        to_browser, from_browser = os.pipe(), os.pipe()
+
+        def fds():  # in the child: the pipes' ends as fds 3 and 4, whatever their numbers here
+            read, write = os.dup(to_browser[0]), os.dup(from_browser[1])
+            os.dup2(read, 3)
+            os.dup2(write, 4)
+
+        self.proc = subprocess.Popen(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+             f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1400,1400", "about:blank"],
+            pass_fds=(3, 4), preexec_fn=fds, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,  # noqa: PLW1509
+        )
+        os.close(to_browser[0])
+        os.close(from_browser[1])
+        self._send = os.fdopen(to_browser[1], "wb", buffering=0)
+        self._receive = os.fdopen(from_browser[0], "rb", buffering=0)
+        self._buffer, self._id = b"", 0
+
+    def call(self, method: str, session: str | None = None, **params) -> dict:
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params, **({"sessionId": session} if session else {})}
+        self._send.write(json.dumps(msg).encode() + b"\0")
+        while True:
+            while b"\0" not in self._buffer:
+                chunk = self._receive.read(1 << 16)
+                assert chunk, f"Chromium closed its DevTools pipe (exit {self.proc.poll()})"
+                self._buffer += chunk
+            raw, self._buffer = self._buffer.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self._id:  # events and other sessions' messages are skipped
+                assert "error" not in reply, reply["error"]
+                return reply["result"]
+
+    def open(self, url: str) -> str:
+        """A new tab at ``url``; returns its session."""
+        target = self.call("Target.createTarget", url=url)["targetId"]
+        return self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+
+    def evaluate(self, session: str, expression: str):
+        result = self.call("Runtime.evaluate", session, expression=expression, awaitPromise=True, returnByValue=True)
+        assert "exceptionDetails" not in result, result["exceptionDetails"]
+        return result["result"].get("value")
+
+    def wait_for(self, session: str, expression: str, timeout: float = 60.0):
+        """The value of ``expression`` once it is truthy (polled in real time: Bokeh polls every second)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = self.evaluate(session, expression)
+            if value:
+                return value
+            time.sleep(0.25)
+        pytest.fail(f"the page never had {expression}")
+
+    def close(self) -> None:
+        try:
+            self.call("Browser.close")
+            self.proc.wait(timeout=30)
+        except Exception:  # noqa: BLE001 -- a browser that does not close is ended
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        finally:
+            self._send.close()
+            self._receive.close()
+
+
+#: What the page's plots show, read from Bokeh's views once fit ``fit``'s ``n`` updates are plotted: each
+#: legend's box and its plot's data area (the frame) in page pixels, the batch-size line's screen y
+#: and data, and the markers drawn for lost workers.
+_LAYOUT_JS = """(() => {
+  if (!location.search.includes("fit=%(fit)s")) return null;  // still the page before
+  const doc = window.Bokeh && Bokeh.documents[0];
+  const updates = doc && doc.get_model_by_name("updates"), marked = doc && doc.get_model_by_name("lost_markers");
+  if (!updates || !updates.data.update || updates.data.update.length < %(n)d || !marked.data_source.data.update)
+    return null;
+  const rect = r => ({left: r.left, top: r.top, right: r.right, bottom: r.bottom});
+  const figures = {};
+  for (const name of ["loss", "times", "workers", "shares", "efficiency"]) {
+    const fig = doc.get_model_by_name(name), view = Bokeh.index.find_one(fig);
+    const canvas = view.canvas.el.getBoundingClientRect(), f = view.frame.bbox;
+    const legends = [...fig.above, ...fig.below, ...fig.left, ...fig.right, ...fig.center]
+      .filter(m => m.constructor.__name__ == "Legend");
+    figures[name] = {frame: {left: canvas.left + f.left, top: canvas.top + f.top, right: canvas.left + f.right,
+                             bottom: canvas.top + f.bottom},
+                     legends: legends.map(m => rect(Bokeh.index.find_one(m).el.getBoundingClientRect()))};
+  }
+  const loss = Bokeh.index.find_one(doc.get_model_by_name("loss")), canvas = loss.canvas.el.getBoundingClientRect();
+  const curve = loss.renderer_views.get(doc.get_model_by_name("loss").renderers[0]).glyph;
+  const batch = Bokeh.index.find_one(doc.get_model_by_name("batch_schedule"));
+  const markers = Bokeh.index.find_one(doc.get_model_by_name("lost_markers"));
+  if (batch.glyph.sx.length != updates.data.update.length
+      || markers.glyph.sx.length != markers.model.data_source.get_length()) return null;  // drawn with the data polled last
+  return {figures,
+          curve: Array.from(curve.sx, (x, i) => [canvas.left + x, canvas.top + curve.sy[i]]),
+          batch_sy: Array.from(batch.glyph.sy), batch: Array.from(batch.glyph.y),
+          lost_drawn: markers.glyph.sx.length};
+})()"""
+
+
+def _overlap(a: dict, b: dict) -> float:
+    width = min(a["right"], b["right"]) - max(a["left"], b["left"])
+    height = min(a["bottom"], b["bottom"]) - max(a["top"], b["top"])
+    return max(0.0, width) * max(0.0, height)
+
+
+def test_chromium_shows_legends_beside_the_data_the_schedule_and_only_lost_updates(client, cluster, digits,
+                                                                                   chromium, tmp_path):
+    """Issue 54, item 5, in a real browser: the loss legend covered the end of the loss curve (every
+    legend sat inside its plot's top right corner), the ragged last batch of each epoch drew a dip in
+    the batch size, and "lost" was a dotted line of markers at 0 under every update."""
+    est = _geodamp_fit(digits)
+    sizes = [u["batch_size"] for row in est.history_ for u in row["updates"]]
+    scheduled = [row["updates"][0]["batch_size"] for row in est.history_ for _ in row["updates"]]
+    assert sizes != scheduled  # the digits' 1617 training examples end each epoch with a ragged batch
+    fit = json.loads(_get(_page(cluster) + "/data.json"))["fit"]  # the newest: this one
+    lossy = _ragged_fit(client, lost_at=(2,))
+    browser = _DevTools(chromium, tmp_path)
+    try:
+        page = browser.open(_page(cluster) + f"?fit={fit}")
+        seen = browser.wait_for(page, _LAYOUT_JS % {"n": len(sizes), "fit": fit})
+        for name, figure in seen["figures"].items():
+            assert figure["legends"], f"{name} has no legend"
+            for legend in figure["legends"]:
+                assert _overlap(legend, figure["frame"]) == 0, (name, legend, figure["frame"])
+        last = seen["curve"][int(0.7 * len(seen["curve"])):]  # the last 30% of the batch loss
+        box = seen["figures"]["loss"]["legends"][0]
+        assert not [p for p in last if box["left"] <= p[0] <= box["right"] and box["top"] <= p[1] <= box["bottom"]]
+
+        assert seen["batch"] == scheduled
+        assert all(b <= a for a, b in zip(seen["batch_sy"], seen["batch_sy"][1:], strict=False))  # never down
+        assert seen["lost_drawn"] == 0  # nothing lost: nothing drawn
+
+        browser.call("Page.navigate", page, url=_page(cluster) + f"?fit={lossy.fit}")  # the tab in front draws
+        seen = browser.wait_for(page, _LAYOUT_JS % {"n": 5, "fit": lossy.fit})
+        assert seen["lost_drawn"] == 1  # one marker, at the one update that lost workers
+        assert seen["batch"] == [32, 32, 32, 64, 64]
+    finally:
+        browser.close()

@@ -34,6 +34,7 @@ DOCTESTED = (
     "adadamp.engine",
     "adadamp.estimators",
     "adadamp.exceptions",
+    "adadamp.fitting",
     "adadamp.loggers",
     "adadamp.modules",
     "adadamp.porting",

@@ -4,7 +4,7 @@ Gloo's listener pairs a connection by the sequence number it sends first (a smal
 local process that connects to a member's new gloo port before the peer does is taken for the
 peer: the group forms, and its first collective used to wait for the collective timeout (30 s)
 with the member's traffic going to the stranger.  The members now check every pair right after
-forming (:meth:`~adadamp.worker.replica.Replica._check_pairs`) and form the group again within
+forming (:meth:`~adadamp.worker.generation.GroupMember._check_pairs`) and form the group again within
 ``PAIR_CHECK`` seconds.
 
 The racer plays the race for real: it watches ``/proc/net/tcp`` for the workers' new listening
@@ -27,7 +27,7 @@ from distributed import Client, LocalCluster
 from sklearn.datasets import make_classification
 
 from adadamp import DaskClassifier
-from adadamp.worker.replica import PAIR_CHECK
+from adadamp.worker.generation import PAIR_CHECK
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the racer reads /proc/net/tcp")
 
@@ -43,9 +43,9 @@ def data():
 
 def _widen(delay: float) -> None:
     """On a worker: every generation 1's peer lookup (gloo's ``get`` of a peer's address) waits ``delay`` s."""
-    from adadamp.worker import replica
+    from adadamp.worker import rendezvous
 
-    get = replica.SchedulerStore.get
+    get = rendezvous.SchedulerStore.get
 
     def late(self, key):
         value = get(self, key)
@@ -53,7 +53,7 @@ def _widen(delay: float) -> None:
             time.sleep(delay)
         return value
 
-    replica.SchedulerStore.get = late
+    rendezvous.SchedulerStore.get = late
 
 
 @pytest.fixture(scope="module")

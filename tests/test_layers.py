@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "adadamp.callbacks", "adadamp.loggers", "adadamp.dashboard", "adadamp.plot", "adadamp.simulate",
     )),
     ("estimators: the scikit-learn contract", (
-        "adadamp.estimators", "adadamp.routing", "adadamp.replica", "adadamp.__main__", "adadamp",
+        "adadamp.estimators", "adadamp.routing", "adadamp.__main__", "adadamp",
     )),
 ]
 

@@ -1,6 +1,7 @@
 """The notebooks in notebooks/, executed with nbclient on a kernel that runs this interpreter.
 
-Each run writes the executed notebook under the test's tmp_path (its working directory too) and
+Each run writes the executed notebook under the test's tmp_path (its working directory too, where
+the notebook itself may leave nothing: run from the checkout, it would be an untracked file) and
 prints one line to the terminal (also under ``pytest -q``, so CI's log shows it): the progress
 bar's last frame, the number of plots and the last line printed.  04_slurm needs the
 single-node SLURM of tests/slurm (the ``slurm`` fixture of conftest.py).
@@ -77,6 +78,12 @@ def execute(name: str, tmp_path: Path, kernel_specs, timeout: int = 240):
     return nb, time.monotonic() - t0
 
 
+def left_behind(name: str, tmp_path: Path) -> list[str]:
+    """What the notebook left in its working directory (the checkout's notebooks/ when a reader runs
+    it there: untracked files) besides the executed copy :func:`execute` writes."""
+    return sorted(p.name for p in tmp_path.iterdir() if p.name != f"{name}.ipynb")
+
+
 def outputs(nb) -> list[dict]:
     return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
 
@@ -108,6 +115,7 @@ def report(capsys, name: str, nb, seconds: float) -> None:
 def test_quickstart(tmp_path, kernel_specs, capsys, new_processes):
     nb, seconds = execute("01_quickstart", tmp_path, kernel_specs)
     report(capsys, "01_quickstart", nb, seconds)
+    assert left_behind("01_quickstart", tmp_path) == [], "the notebook wrote files into its working directory"
     frames = progress_frames(nb)
     assert frames, "no progress bar output"
     assert frames[-1].startswith("epoch 9:") and "1347/1347" in frames[-1], frames[-1]
@@ -119,6 +127,7 @@ def test_quickstart(tmp_path, kernel_specs, capsys, new_processes):
 def test_batch_size_schedules(tmp_path, kernel_specs, capsys, new_processes):
     nb, seconds = execute("02_batch_size_schedules", tmp_path, kernel_specs)
     report(capsys, "02_batch_size_schedules", nb, seconds)
+    assert left_behind("02_batch_size_schedules", tmp_path) == [], "the notebook wrote files into its working directory"
     assert n_plots(nb) >= 3
     updates = dict(re.findall(r"(\w+)\s+model updates:\s+(\d+)", stream(nb, "stdout")))
     assert int(updates["GeoDamp"]) < int(updates["Constant"]), updates
@@ -128,6 +137,7 @@ def test_batch_size_schedules(tmp_path, kernel_specs, capsys, new_processes):
 def test_grid_search(tmp_path, kernel_specs, capsys, new_processes):
     nb, seconds = execute("03_grid_search", tmp_path, kernel_specs)
     report(capsys, "03_grid_search", nb, seconds)
+    assert left_behind("03_grid_search", tmp_path) == [], "the notebook wrote files into its working directory"
     tables = [out.data["text/html"] for out in outputs(nb) if 'class="dataframe"' in out.get("data", {}).get("text/html", "")]
     assert len(tables) == 1 and tables[0].count("<tr") == 5, tables  # the header and 4 schedules
     assert "mean_test_score" in tables[0] and "GeoDamp(delay=1, factor=4, initial=16)" in tables[0]
@@ -138,6 +148,7 @@ def test_grid_search(tmp_path, kernel_specs, capsys, new_processes):
 def test_image_folder(tmp_path, kernel_specs, capsys, new_processes):
     nb, seconds = execute("05_image_folder", tmp_path, kernel_specs)
     report(capsys, "05_image_folder", nb, seconds)
+    assert left_behind("05_image_folder", tmp_path) == [], "the notebook wrote files into its working directory"
     assert "PNG files under" in stream(nb, "stdout")
     accuracy = re.search(r"test accuracy: ([\d.]+)", stream(nb, "stdout"))
     assert accuracy and float(accuracy.group(1)) > 0.85, stream(nb, "stdout")

@@ -39,6 +39,11 @@ def updates(est, key):
     return [u[key] for row in est.history_ for u in row["updates"]]
 
 
+def schedule(est):
+    """Each update's batch size as GeoDamp set it: its epoch's first (the last one's may be ragged)."""
+    return [row["updates"][0]["batch_size"] for row in est.history_ for _ in row["updates"]]
+
+
 def test_history_figure_has_one_panel_per_quantity(fitted):
     fig = plot.plot_history(fitted)
     assert len(fig.axes) == 4
@@ -62,7 +67,8 @@ def test_update_axis_numbers_every_update(fitted):
     np.testing.assert_array_equal(train.get_xdata(), np.arange(1, n + 1))
     np.testing.assert_allclose(train.get_ydata(), updates(fitted, "loss"))
     np.testing.assert_array_equal(valid.get_xdata(), [row["n_updates"] for row in fitted.history_])
-    np.testing.assert_array_equal(batch.get_lines()[0].get_ydata(), updates(fitted, "batch_size"))
+    assert updates(fitted, "batch_size")[-3:] == [64, 64, 32]  # 160 examples: the last batch is ragged
+    np.testing.assert_array_equal(batch.get_lines()[0].get_ydata(), schedule(fitted))
     assert batch.get_xlabel() == "model update"
 
 
@@ -101,10 +107,10 @@ def test_errors(fitted):
         plot.plot_history(DaskClassifier())
     with pytest.raises(ValueError, match="not fitted"):
         plot.plot_loss(DaskClassifier())
-    with pytest.raises(ValueError, match="x must be one of 'epoch', 'update', 'time'; got 'step'"):
+    with pytest.raises(ValueError, match="x must be one of 'epoch', 'epochs', 'update', 'updates', 'time'; got 'step'"):
         plot.plot_history(fitted, x="step")
     with pytest.raises(ValueError, match="x must be one of"):
-        plot.plot_batch_size(fitted, x="updates")
+        plot.plot_batch_size(fitted, x="Update")
     with pytest.raises(ValueError, match="no epochs"):
         plot.plot_lr([])
     with pytest.raises(ValueError, match="keys must be"):
@@ -123,3 +129,54 @@ def test_missing_matplotlib_says_how_to_install(fitted, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     with pytest.raises(ImportError, match=r"pip install matplotlib"):
         plot.plot_loss(fitted)
+
+
+def _ragged_history(sizes=(32, 32, 3), epochs=3) -> list[dict]:
+    """A constant batch of 32 on 67 examples: every epoch ends with the 3 examples left."""
+    return [{"epoch": e, "train_loss": 1.0 / e, "batch_size": max(sizes), "lr": 0.1, "n_workers": 2, "dur": 1.0,
+             "updates": [{"loss": 1.0 / e, "batch_size": b, "lr": 0.1, "n_workers": 2, "update_time": 0.3}
+                         for b in sizes]} for e in range(1, epochs + 1)]
+
+
+@pytest.mark.parametrize("x", ["update", "time"])
+def test_the_ragged_last_batch_of_an_epoch_is_no_dip(x):
+    """Issue 54, item 5: each epoch's last batch holds the examples left (3); drawn as it is, the
+    constant schedule dipped to 3 at every epoch's end.  The line is the schedule's size."""
+    fig = plot.plot_history(_ragged_history(), x=x, keys=("batch_size",))
+    np.testing.assert_array_equal(fig.axes[0].get_lines()[0].get_ydata(), [32] * 9)
+    np.testing.assert_array_equal(plot.series(_ragged_history(), "batch_size", x=x)[1], [32] * 9)
+    growing = _ragged_history(sizes=(16, 48, 3))  # a schedule that grows within the epoch
+    np.testing.assert_array_equal(plot.series(growing, "batch_size", x=x)[1], [16, 48, 48] * 3)
+    assert plot.plot_batch_size(_ragged_history(), x="epoch").get_lines()[0].get_ydata().tolist() == [32] * 3
+
+
+def test_a_default_savefig_keeps_the_labels_inside_the_image(fitted, tmp_path):
+    """Issue 54, item 5: ``fig.savefig`` without ``bbox_inches`` cut the y labels off (they started
+    left of the image); the figure lays itself out (constrained layout)."""
+    from PIL import Image
+
+    for x in ("epoch", "update", "time"):
+        fig = plot.plot_history(fitted, x=x)
+        path = tmp_path / f"history-{x}.png"
+        fig.savefig(path)  # matplotlib's defaults: the figure's size, no tight bounding box
+        with Image.open(path) as png:
+            assert png.size == (round(fig.bbox.width), round(fig.bbox.height))
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes:  # its y label, and all it draws (tick labels, x label, legend)
+            for box in (ax.yaxis.label.get_window_extent(renderer), ax.get_tightbbox(renderer)):
+                assert 0 <= box.x0 and box.x1 <= fig.bbox.width and 0 <= box.y0 and box.y1 <= fig.bbox.height, (
+                    x, ax.get_ylabel(), box)
+    ax = plot.plot_lr(fitted, x="time")  # a new one-panel figure lays itself out too
+    ax.figure.savefig(tmp_path / "lr.png")
+    assert ax.yaxis.label.get_window_extent(ax.figure.canvas.get_renderer()).x0 >= 0
+
+
+def test_x_takes_the_words_the_docs_use(fitted):
+    """Issue 54, item 5: ``x="updates"`` was refused; the plural of each axis works as the singular."""
+    for plural, singular in (("updates", "update"), ("epochs", "epoch")):
+        a, b = plot.plot_history(fitted, x=plural), plot.plot_history(fitted, x=singular)
+        for ax_a, ax_b in zip(a.axes, b.axes, strict=True):
+            np.testing.assert_array_equal(ax_a.get_lines()[0].get_xdata(), ax_b.get_lines()[0].get_xdata())
+        assert a.axes[-1].get_xlabel() == b.axes[-1].get_xlabel()
+        np.testing.assert_array_equal(plot.series(fitted, "loss", x=plural)[0], plot.series(fitted, "loss", x=singular)[0])
+    assert plot.plot_batch_size(fitted, x="updates").get_xlabel() == "model update"

@@ -423,6 +423,64 @@ def test_allreduce_grows_with_slurm_jobs(slurm, tmp_path, request):
     assert all(state in FINISHED for state in final.values()), final
 
 
+def _grants(dask_scheduler) -> dict:
+    from adadamp.allocator import NAME
+
+    allocator = dask_scheduler.plugins.get(NAME)
+    return {} if allocator is None else {f: list(g) for f, g in allocator.grants.items()}
+
+
+def test_two_growing_fits_share_one_slurm_allocation(slurm, tmp_path, request):
+    """A search's two candidates at once on one SLURMCluster bounded at 4 jobs (adadamp.allocator):
+    both want 3 workers at their largest batch, so each gets its fair share of 2 jobs: once a fit
+    trains on 2 it never drops below them, their grants are disjoint whenever the cluster has a
+    worker for each, the cluster never asks for more than 4 jobs, both train the same model (up to
+    float summation order) and all jobs end."""
+    from adadamp.allocator import adapt
+
+    X, y = regression_data()
+    params = {"batch_size": GeoDamp, "batch_size__initial": 32, "batch_size__delay": 1, "batch_size__factor": 2,
+              "batch_size__max_batch_size": 128, "scale_cluster": True, "grads_per_worker": 32, "min_workers": 1,
+              "max_workers": 3, "max_epochs": 6, "worker_timeout": 90, "update_timeout": 60}
+    with slurm_cluster(tmp_path, "share") as (cluster, client, jobs):
+        adapt(cluster, maximum=4)  # the allocation: at most 4 jobs for the whole search
+        samples, done = [], threading.Event()
+
+        def watch():
+            while not done.wait(0.25):
+                with contextlib.suppress(Exception):
+                    samples.append((len(client.scheduler_info(n_workers=-1)["workers"]), len(cluster.worker_spec),
+                                    client.run_on_scheduler(_grants)))
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        t0 = time.monotonic()
+        fits = [slow_regressor(client, 0.1, **params) for _ in range(2)]
+        runs = [fit_in_thread(est, X, y) for est in fits]
+        for thread, _ in runs:
+            thread.join(600)
+        wall = time.monotonic() - t0
+        done.set()
+        watcher.join()
+        for _, outcome in runs:
+            assert "error" not in outcome, outcome.get("traceback")
+        per_update = [workers_per_update(est) for est in fits]
+        _say(request.config, f"[slurm] share: 2 fits in {wall:.1f} s; workers per update "
+                             + " | ".join(_runs(p) for p in per_update) + f"; most jobs asked {max(s[1] for s in samples)}")
+        assert max(spec for _, spec, _ in samples) <= 4
+        for live, _, grants in samples:
+            held = [w for g in grants.values() for w in g]
+            assert len(held) == len(set(held)) or live < len(grants), (live, grants)
+        for p in per_update:
+            assert 2 <= max(p) <= 3, p
+            assert min(p[p.index(2):]) >= 2, p  # never below its share once it had it
+        np.testing.assert_allclose(fits[0].predict(X), fits[1].predict(X), rtol=1e-5, atol=1e-6)
+        cluster.scale(0)
+        final = jobs.wait_all_ended(60)
+    jobs.report(request.config, "share")
+    assert all(state in FINISHED for state in final.values()), final
+
+
 def _plugin_registered(dask_scheduler) -> bool:
     from adadamp.worker.plugin import TrainerPlugin
 

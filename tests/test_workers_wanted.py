@@ -17,7 +17,8 @@ from adadamp import DaskClassifier
 from adadamp.cluster import ClusterPolicy
 from adadamp.dampers import GeoDamp
 from adadamp.engine import LoopState
-from adadamp.engine.backends.base import START_MARGIN, WORKER_START, Backend
+from adadamp.engine.backends.base import Backend
+from adadamp.engine.backends.sizing import START_MARGIN, WORKER_START
 from adadamp.worker import plugin as _worker
 
 

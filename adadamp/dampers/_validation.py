@@ -10,6 +10,13 @@ def _is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _check_real(value, name: str, ok, must: str, owner: str, hint: str = "") -> None:
+    """Raise ``ValueError`` ("<owner>: <name> must be <must>; got <value>.<hint>") unless ``value``
+    is a real number (not a bool) for which ``ok(value)`` holds."""
+    if not _is_real(value) or not ok(value):
+        raise ValueError(f"{owner}: {name} must be {must}; got {value!r}.{hint}")
+
+
 def _ceil(x: float) -> int:
     """``ceil`` that ignores float noise (``4.000000000001`` -> 4)."""
     return math.ceil(round(float(x), 9))

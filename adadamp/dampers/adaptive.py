@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ._validation import _check_int, _is_real
+from ._validation import _check_int, _check_real
 from .base import GradStats, TrainState, UpdatePlan
 from .damping import _DampingSchedule
 
@@ -70,26 +70,13 @@ class AdaDamp(_DampingSchedule):
         max_batch_size: int | None = None,
         momentum=None,
     ):
-        self.initial = initial
-        self.best_train_loss = best_train_loss
-        self.rho = rho
-        self.max_batch_size = max_batch_size
-        self.momentum = momentum
+        self._keep(locals())
 
     def _validate(self) -> None:
         name = type(self).__name__
-        if not _is_real(self.best_train_loss) or not math.isfinite(
-            self.best_train_loss
-        ):
-            raise ValueError(
-                f"{name}: best_train_loss must be a finite number (a lower "
-                f"bound of the loss, usually 0); got {self.best_train_loss!r}."
-            )
-        if not _is_real(self.rho) or not 0 <= self.rho < 1:
-            raise ValueError(
-                f"{name}: rho must be in [0, 1) (memory of the loss average); "
-                f"got {self.rho!r}."
-            )
+        _check_real(self.best_train_loss, "best_train_loss", math.isfinite,
+                    "a finite number (a lower bound of the loss, usually 0)", name)
+        _check_real(self.rho, "rho", lambda rho: 0 <= rho < 1, "in [0, 1) (memory of the loss average)", name)
 
     def _reset_state(self) -> None:
         self.loss_sum_ = 0.0
@@ -222,28 +209,16 @@ class RadaDamp(_DampingSchedule):
         max_batch_size: int | None = None,
         momentum=None,
     ):
-        self.initial = initial
-        self.form = form
-        self.rho = rho
-        self.fudge = fudge
-        self.wait = wait
-        self.max_batch_size = max_batch_size
-        self.momentum = momentum
+        self._keep(locals())
 
     def _validate(self) -> None:
         name = type(self).__name__
         if self.form not in ("ratio", "fudge"):
             raise ValueError(f"{name}: form must be 'ratio' or 'fudge'; got {self.form!r}.")
-        if self.rho is not None and (not _is_real(self.rho) or not 0 <= self.rho < 1):
-            raise ValueError(
-                f"{name}: rho must be in [0, 1) (memory of the moving "
-                f"averages) or None; got {self.rho!r}."
-            )
-        if not _is_real(self.fudge) or not self.fudge >= 0:
-            raise ValueError(
-                f"{name}: fudge must be a number >= 0 (weight of the loss); "
-                f"got {self.fudge!r}."
-            )
+        if self.rho is not None:
+            _check_real(self.rho, "rho", lambda rho: 0 <= rho < 1, "in [0, 1) (memory of the moving averages) or None",
+                        name)
+        _check_real(self.fudge, "fudge", lambda fudge: fudge >= 0, "a number >= 0 (weight of the loss)", name)
         _check_int(self.wait, "wait", low=1, owner=name)
 
     def _reset_state(self) -> None:

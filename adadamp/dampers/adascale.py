@@ -7,8 +7,8 @@ import math
 import numpy as np
 from sklearn.base import clone
 
-from ._validation import _check_int, _is_real
-from .base import BaseDamper, GradStats, TrainState, UpdatePlan, _base_batch_size, _make_schedule
+from ._validation import _check_int, _check_real
+from .base import BaseDamper, GradStats, TrainState, UpdatePlan, _base_batch_size, _make_schedule, _schedule_forecast
 from .momentum import _check_momentum, _resolve_momentum
 
 
@@ -133,11 +133,7 @@ class AdaScale(BaseDamper):
         smoothing: float = 0.999,
         momentum=None,
     ):
-        self.batch_size = batch_size
-        self.base_batch_size = base_batch_size
-        self.lr_schedule = lr_schedule
-        self.smoothing = smoothing
-        self.momentum = momentum
+        self._keep(locals())
 
     # -- pure helpers ------------------------------------------------------
 
@@ -248,11 +244,8 @@ class AdaScale(BaseDamper):
     def reset(self, n_data: int) -> AdaScale:
         name = type(self).__name__
         _check_int(n_data, "n_data", low=1)
-        if not _is_real(self.smoothing) or not 0 < self.smoothing < 1:
-            raise ValueError(
-                f"{name}: smoothing must be in (0, 1) (per-base-batch weight of "
-                f"the moving averages, e.g. 0.999); got {self.smoothing!r}."
-            )
+        _check_real(self.smoothing, "smoothing", lambda s: 0 < s < 1,
+                    "in (0, 1) (per-base-batch weight of the moving averages, e.g. 0.999)", name)
         _check_momentum(self.momentum, name)
         self.schedule_ = _make_schedule(self.batch_size, "batch_size", name, n_data)
         self.base_batch_size_ = _base_batch_size(
@@ -345,12 +338,7 @@ class AdaScale(BaseDamper):
         return UpdatePlan(lr_factor=lr_factor, momentum=m, progress=r * b0)
 
     def forecast_batch_size(self, epoch: float) -> int | None:
-        sched = getattr(self, "schedule_", None)
-        if sched is None:
-            if isinstance(self.batch_size, BaseDamper):
-                return self.batch_size.forecast_batch_size(epoch)
-            return int(self.batch_size)
-        return sched.forecast_batch_size(epoch)
+        return _schedule_forecast(self, epoch)
 
 
 

@@ -166,6 +166,14 @@ class BaseDamper(BaseEstimator):
             raise OldSpellingError(f"{cls.__name__}: {hint}.")
         return super().__new__(cls)
 
+    def _keep(self, arguments: dict) -> None:
+        """Store ``__init__``'s arguments (its ``locals()``) as given, each under its own name:
+        scikit-learn's contract (``get_params`` and ``clone`` read them back; nothing is checked
+        or derived before :meth:`reset`)."""
+        for name, value in arguments.items():
+            if name != "self":
+                setattr(self, name, value)
+
     #: The gradient statistics :meth:`plan_update` reads: None (none, ``stats`` is None),
     #: ``"norm"`` (``GradStats.grad_sq_norm`` only: the client computes it from the summed
     #: gradient, at no cost to the workers; RadaDamp) or ``"chunks"`` (also the per-chunk
@@ -400,8 +408,7 @@ class Constant(BaseDamper):
     """
 
     def __init__(self, batch_size: int = 32, momentum=None):
-        self.batch_size = batch_size
-        self.momentum = momentum
+        self._keep(locals())
 
     def reset(self, n_data: int) -> Constant:
         _check_int(self.batch_size, "batch_size", low=1, owner="Constant")
@@ -426,6 +433,18 @@ def _make_schedule(value, param: str, owner: str, n_data: int) -> BaseDamper:
         return clone(value).reset(n_data)
     _check_int(value, param, low=1, owner=owner)
     return Constant(batch_size=int(value)).reset(n_data)
+
+
+def _schedule_forecast(wrapper: BaseDamper, epoch: float) -> int | None:
+    """The forecast of a damper that wraps a batch-size schedule (:class:`AdaScale`,
+    :class:`DynamicSGD`): its schedule's (``schedule_`` once reset, else ``batch_size``: a damper
+    or an int)."""
+    sched = getattr(wrapper, "schedule_", None)
+    if sched is None:
+        if isinstance(wrapper.batch_size, BaseDamper):
+            return wrapper.batch_size.forecast_batch_size(epoch)
+        return int(wrapper.batch_size)
+    return sched.forecast_batch_size(epoch)
 
 
 def _base_batch_size(base, schedule, owner: str) -> int:

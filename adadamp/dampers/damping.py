@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ._validation import _ceil, _check_int, _is_real
+from ._validation import _ceil, _check_int, _check_real
 from .base import BaseDamper, GradStats, TrainState, UpdatePlan
 from .momentum import _check_momentum
 
@@ -159,25 +159,14 @@ class GeoDamp(_DampingSchedule):
         max_batch_size: int | None = None,
         momentum=None,
     ):
-        self.initial = initial
-        self.delay = delay
-        self.factor = factor
-        self.max_batch_size = max_batch_size
-        self.momentum = momentum
+        self._keep(locals())
 
     def _validate(self) -> None:
         name = type(self).__name__
-        if not _is_real(self.delay) or not self.delay > 0:
-            raise ValueError(
-                f"{name}: delay must be a number of epochs > 0; got "
-                f"{self.delay!r}."
-            )
-        if not _is_real(self.factor) or not self.factor >= 1:
-            raise ValueError(
-                f"{name}: factor must be >= 1 (the damping grows by `factor` "
-                f"every `delay` epochs); got {self.factor!r}.  To decay the "
-                "learning rate at a fixed batch size use GeoDampLR."
-            )
+        _check_real(self.delay, "delay", lambda delay: delay > 0, "a number of epochs > 0", name)
+        _check_real(self.factor, "factor", lambda factor: factor >= 1,
+                    ">= 1 (the damping grows by `factor` every `delay` epochs)", name,
+                    hint="  To decay the learning rate at a fixed batch size use GeoDampLR.")
 
     def damping(self, epoch: float) -> float:
         """The damping ``D(epoch)`` (pure; no state is read or written).
@@ -239,10 +228,7 @@ class GeoDampLR(GeoDamp):
     def __init__(
         self, initial: int = 32, delay: float = 5, factor: float = 2, momentum=None
     ):
-        self.initial = initial
-        self.delay = delay
-        self.factor = factor
-        self.momentum = momentum
+        self._keep(locals())
 
     def _max_batch_size(self):
         return self.initial

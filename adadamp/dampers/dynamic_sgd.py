@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._validation import _check_int, _is_real
-from .base import BaseDamper, GradStats, TrainState, UpdatePlan, _base_batch_size, _make_schedule
+from .base import BaseDamper, GradStats, TrainState, UpdatePlan, _base_batch_size, _make_schedule, _schedule_forecast
 from .momentum import _check_momentum, _resolve_momentum
 
 
@@ -100,12 +100,7 @@ class DynamicSGD(BaseDamper):
         compensation_iters=None,
         momentum=None,
     ):
-        self.batch_size = batch_size
-        self.base_batch_size = base_batch_size
-        self.per_worker_batch = per_worker_batch
-        self.compensation = compensation
-        self.compensation_iters = compensation_iters
-        self.momentum = momentum
+        self._keep(locals())
 
     @property
     def needs_grad_stats(self) -> str | None:
@@ -229,11 +224,6 @@ class DynamicSGD(BaseDamper):
     def forecast_batch_size(self, epoch: float) -> int | None:
         if self.per_worker_batch is not None:
             return None
-        sched = getattr(self, "schedule_", None)
-        if sched is None:
-            if isinstance(self.batch_size, BaseDamper):
-                return self.batch_size.forecast_batch_size(epoch)
-            return int(self.batch_size)
-        return sched.forecast_batch_size(epoch)
+        return _schedule_forecast(self, epoch)
 
 

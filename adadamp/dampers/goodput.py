@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..records import UpdateRecord
-from ._validation import _check_int, _is_real
+from ._validation import _check_int, _check_real
 from .adascale import AdaScale
 from .base import BaseDamper, GradStats, TrainState, UpdatePlan
 from .least_squares import grouped_fit
@@ -348,16 +348,7 @@ class Goodput(BaseDamper):
         anneal: bool = False,
         cooldown: float = 0.5,
     ):
-        self.initial = initial
-        self.max_batch_size = max_batch_size
-        self.interval = interval
-        self.max_factor = max_factor
-        self.threshold = threshold
-        self.smoothing = smoothing
-        self.lr_rule = lr_rule
-        self.momentum = momentum
-        self.anneal = anneal
-        self.cooldown = cooldown
+        self._keep(locals())
 
     # -- protocol ----------------------------------------------------------
 
@@ -372,21 +363,12 @@ class Goodput(BaseDamper):
                     "use max_batch_size >= initial or None (the data set size)."
                 )
         _check_int(self.interval, "interval", low=1, owner=name)
-        if not _is_real(self.max_factor) or not 1 < self.max_factor < math.inf:
-            raise ValueError(
-                f"{name}: max_factor must be a number > 1 (the most the batch size and the workers "
-                f"change by at once, e.g. 2); got {self.max_factor!r}."
-            )
-        if not _is_real(self.threshold) or not 0 <= self.threshold < math.inf:
-            raise ValueError(
-                f"{name}: threshold must be a number >= 0 (the predicted goodput gain a change must "
-                f"bring, e.g. 0.05 for 5%); got {self.threshold!r}."
-            )
-        if not _is_real(self.smoothing) or not 0 < self.smoothing < 1:
-            raise ValueError(
-                f"{name}: smoothing must be in (0, 1) (per-base-batch weight of the noise estimates' "
-                f"moving averages, e.g. 0.97); got {self.smoothing!r}."
-            )
+        _check_real(self.max_factor, "max_factor", lambda f: 1 < f < math.inf,
+                    "a number > 1 (the most the batch size and the workers change by at once, e.g. 2)", name)
+        _check_real(self.threshold, "threshold", lambda t: 0 <= t < math.inf,
+                    "a number >= 0 (the predicted goodput gain a change must bring, e.g. 0.05 for 5%)", name)
+        _check_real(self.smoothing, "smoothing", lambda s: 0 < s < 1,
+                    "in (0, 1) (per-base-batch weight of the noise estimates' moving averages, e.g. 0.97)", name)
         if self.lr_rule not in LR_RULES:
             raise ValueError(
                 f"{name}: lr_rule must be one of {LR_RULES} ('sgd': the learning rate scales with "
@@ -395,11 +377,8 @@ class Goodput(BaseDamper):
         _check_momentum(self.momentum, name)
         if not isinstance(self.anneal, (bool, np.bool_)):
             raise ValueError(f"{name}: anneal must be True or False; got {self.anneal!r}.")  # noqa: TRY004 (as every bad parameter at reset)
-        if not _is_real(self.cooldown) or not 0 <= self.cooldown < 1:
-            raise ValueError(
-                f"{name}: cooldown must be a number in [0, 1) (the last fraction of a fit's epochs over "
-                f"which the learning rate falls towards 0, e.g. 0.5; 0 for none); got {self.cooldown!r}."
-            )
+        _check_real(self.cooldown, "cooldown", lambda c: 0 <= c < 1, "a number in [0, 1) (the last fraction of a "
+                    "fit's epochs over which the learning rate falls towards 0, e.g. 0.5; 0 for none)", name)
         _check_int(n_data, "n_data", low=1)
         cap = int(n_data) if self.max_batch_size is None else min(int(self.max_batch_size), int(n_data))
         self.cap_ = max(int(self.initial), cap)

@@ -4,7 +4,7 @@ training does: PadaDamp, its learning-rate form CntsDampLR, and full-batch Gradi
 
 from __future__ import annotations
 
-from ._validation import _check_int, _is_real
+from ._validation import _check_int, _check_real
 from .base import BaseDamper, TrainState
 from .damping import _DampingSchedule
 from .momentum import _check_momentum
@@ -54,17 +54,11 @@ class PadaDamp(_DampingSchedule):
         max_batch_size: int | None = None,
         momentum=None,
     ):
-        self.initial = initial
-        self.rate = rate
-        self.max_batch_size = max_batch_size
-        self.momentum = momentum
+        self._keep(locals())
 
     def _validate(self) -> None:
-        if not _is_real(self.rate) or not self.rate >= 0:
-            raise ValueError(
-                f"{type(self).__name__}: rate must be a number >= 0 (examples "
-                f"added per model update); got {self.rate!r}."
-            )
+        _check_real(self.rate, "rate", lambda rate: rate >= 0, "a number >= 0 (examples added per model update)",
+                    type(self).__name__)
 
     def _damping(self, state: TrainState) -> float:
         return self.initial + self.rate * state.n_updates
@@ -106,9 +100,7 @@ class CntsDampLR(PadaDamp):
     """
 
     def __init__(self, initial: int = 32, rate: float = 0.02, momentum=None):
-        self.initial = initial
-        self.rate = rate
-        self.momentum = momentum
+        self._keep(locals())
 
     def _max_batch_size(self):
         return self.initial
@@ -135,7 +127,7 @@ class GradientDescent(BaseDamper):
     """
 
     def __init__(self, momentum=None):
-        self.momentum = momentum
+        self._keep(locals())
 
     def reset(self, n_data: int) -> GradientDescent:
         _check_int(n_data, "n_data", low=1)

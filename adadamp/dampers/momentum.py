@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._validation import _is_real
+from ._validation import _check_real, _is_real
 
 
 def tang_momentum(n_workers: int, batch_size: int | None = None) -> float:
@@ -55,11 +55,8 @@ def _check_momentum(momentum, owner: str) -> None:
         return
     if callable(momentum):
         return
-    if not _is_real(momentum) or not 0 <= momentum < 1:
-        raise ValueError(
-            f"{owner}: momentum must be None, a float in [0, 1), a callable "
-            f"momentum(n_workers, batch_size) or 'tang'; got {momentum!r}."
-        )
+    _check_real(momentum, "momentum", lambda m: 0 <= m < 1,
+                "None, a float in [0, 1), a callable momentum(n_workers, batch_size) or 'tang'", owner)
 
 
 def _resolve_momentum(momentum, n_workers: int, batch_size: int) -> float | None:

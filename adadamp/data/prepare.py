@@ -18,8 +18,9 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from ..sample_weight import check_sample_weight, normalized, pack
+from ..wire.identity import scheduler_info
 from ..worker.loading import read_examples
-from . import convert
+from . import convert, memory
 from .sources import ArrayData, DaskArrayData, DatasetData, DataSource
 from .targets import Targets
 
@@ -139,6 +140,8 @@ def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validat
         if w.ndim != 1:
             raise ValueError(f"sample_weight.shape == {w.shape}, expected ({X.shape[0]},): one weight per example.")
         checks.update(w_finite=da.isfinite(w).all(), w_negative=(w < 0).any(), w_total=w.sum())
+    # before any task runs: persisting more than the workers hold stalls the fit for minutes
+    memory.check_fits([X, y] if sample_weight is None else [X, y, w], scheduler_info(client)["workers"])
     with client.as_current():
         (checked,) = dask.compute(checks)  # one pass on the cluster; only these scalars come back
     logger.info("dask data: %d examples in %d partitions, checked on the cluster in %.2f s",

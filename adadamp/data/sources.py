@@ -32,7 +32,7 @@ from typing import Protocol
 import cloudpickle
 import numpy as np
 from dask.base import tokenize
-from distributed import Client, Future, wait
+from distributed import Client, Future, futures_of, wait
 
 from ..records import Block, BlockMove
 from ..wire.identity import scheduler_info
@@ -98,6 +98,9 @@ class DataSource:
     def bytes_per_example(self) -> int | None:
         """What one placed example costs a worker's memory (None: nothing is held)."""
         return sum(math.prod(a.shape[1:]) * np.dtype(a.dtype).itemsize for a in (self.X, self.y))
+
+    def release(self) -> None:
+        """Let go of what the source holds on the cluster, once no backend uses it (nothing here)."""
 
 
 class ArrayData(DataSource):
@@ -190,18 +193,36 @@ class DaskArrayData(DataSource):
                 )
                 futures.append((w, future))
         self._wait_for_blocks(futures, timeout)
-        for w, f in futures:
-            if f.status == "finished":
-                continue
-            if f.status == "error":
-                err = f.exception()
-                if not isinstance(err, LOST):
-                    raise err
-                failed.setdefault(w, err)
-            else:  # still waiting: its worker is gone (a task may only run there)
-                f.cancel()
-                failed.setdefault(w, TimeoutError(f"block {f} was not placed on {w} within {timeout} s"))
+        try:
+            for w, f in futures:
+                if f.status == "finished":
+                    continue
+                if f.status == "error":
+                    err = f.exception()
+                    if not isinstance(err, LOST):
+                        raise err
+                    failed.setdefault(w, err)
+                else:  # still waiting: its worker is gone (a task may only run there)
+                    f.cancel()
+                    failed.setdefault(w, TimeoutError(f"block {f} was not placed on {w} within {timeout} s"))
+        finally:  # the blocks are placed (the worker keeps a view): a kept future would keep the lineage
+            for _, f in futures:
+                f.release()
         return failed
+
+    def release(self) -> None:
+        """Release the persisted partitions now, not when the garbage collector finds this source.
+
+        A fit's backend is held in reference cycles, so its futures would keep the partitions
+        and their lineage (the keys of the user's collection, as the fit's graph built them) on
+        the scheduler after ``fit`` returned; a ``score`` or ``predict`` on the same collection
+        then sent those keys again, built otherwise by Dask's graph optimization (fused: one
+        task where the fit had two), and the scheduler logged ``Detected different run_spec``.
+        """
+        futures = [*self.X_parts, *self.y_parts, *futures_of(self.X), *futures_of(self.y)]
+        self.X_parts, self.y_parts = [], []
+        for f in futures:
+            f.release()  # idempotent: each future is released once, whoever still refers to it
 
     def _wait_for_blocks(self, futures: list[tuple[str, Future]], timeout: float) -> None:
         """Wait until every block is placed, ``timeout`` passes, or every worker still waited
@@ -210,7 +231,8 @@ class DaskArrayData(DataSource):
         pending = futures
         while pending and time.monotonic() < deadline:
             try:
-                wait([f for _, f in pending], timeout=max(0.01, min(PLACEMENT_LOOK, deadline - time.monotonic())))
+                with self.client.as_current():  # wait() syncs through the current client
+                    wait([f for _, f in pending], timeout=max(0.01, min(PLACEMENT_LOOK, deadline - time.monotonic())))
             except TimeoutError:
                 pass
             pending = [(w, f) for w, f in pending if f.status == "pending"]

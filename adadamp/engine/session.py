@@ -86,9 +86,17 @@ def _close(backend) -> None:
         asyncio.get_running_loop()
     except RuntimeError:  # no loop running in this thread: close here
         with contextlib.suppress(Exception):  # the client or the cluster may be gone already
-            backend.__exit__(None, None, None)
+            _exit(backend, None, None, None)
         return
     threading.Thread(target=_close, args=(backend,), name="adadamp-release", daemon=True).start()
+
+
+def _exit(backend: Backend, *exc) -> None:
+    """Close ``backend`` (``exc``: what ended its call), then release its data on the cluster."""
+    try:
+        backend.__exit__(*exc)
+    finally:
+        backend.data.release()
 
 
 def train(
@@ -110,13 +118,17 @@ def train(
         if kept is not None:
             kept.claim(None)
         if epochs <= 0:
+            data.release()
             return None
         first = state.damper.forecast_batch_size(state.loop.epoch)
-        with (
-            cl.training_client(client, policy, first) as (on, sized),
-            _open(backend, on, sized, state, data, device, criterion) as opened,
-        ):
-            loop.run(opened, epochs, epoch_updates)
+        try:
+            with (
+                cl.training_client(client, policy, first) as (on, sized),
+                _open(backend, on, sized, state, data, device, criterion) as opened,
+            ):
+                loop.run(opened, epochs, epoch_updates)
+        finally:
+            data.release()
         return None
     # (the optimizer's class: an all-reduce backend's replicas hold one of theirs; the data's token
     # hashes thousands of examples, so only a call that keeps or may resume a backend computes it)
@@ -124,20 +136,25 @@ def train(
     key = (client, policy, device, backend, type(state.optimizer), data.token()) if keep or resume else None
     opened = kept.claim(key if resume else None) if kept is not None else None
     if opened is not None:
+        data.release()  # the resumed backend trains on its own copy of the same data
         opened.resume(module=state.module, optimizer=state.optimizer, damper=state.damper, loop=state.loop)
         logger.info("resumed the workers and data of the last call")
     else:
-        opened = _open(backend, client, policy, state, data, device, criterion).__enter__()
+        try:
+            opened = _open(backend, client, policy, state, data, device, criterion).__enter__()
+        except BaseException:
+            data.release()
+            raise
     try:
         loop.run(opened, epochs, epoch_updates)
         if keep:
             opened.suspend()
     except BaseException:
-        opened.__exit__(*sys.exc_info())
+        _exit(opened, *sys.exc_info())
         raise
     if keep:
         return KeptBackend(owner, opened, key)
-    opened.__exit__(None, None, None)
+    _exit(opened, None, None, None)
     return None
 
 

@@ -7,7 +7,7 @@ the same workers would pay it every fit.  So when a fit ends cleanly (its last r
 commit that asked to keep the group, no update since), each member keeps its group here, with
 the members in rank order, for ``seconds``; the next fit's set-up reply offers it
 (:meth:`KeptGroup.offer`), and a client whose members all offer the same group, in the same rank
-order, reuses it instead of forming one (:meth:`~adadamp.worker.replica.Replica.join`).
+order, reuses it instead of forming one (:meth:`~adadamp.worker.generation.GroupMember.join`).
 
 One group at most per worker process: a member that forms another group (the membership
 changed, a member died or was replaced) drops the kept one, as does the worker's event loop when
@@ -18,6 +18,7 @@ check that its peers took it for the same fit and generation before any state mo
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import math
@@ -49,6 +50,10 @@ class KeptGroup:
 
 _LOCK = threading.Lock()
 _KEPT: KeptGroup | None = None
+_RELEASING: set[threading.Thread] = set()  # the threads destroying a group now
+
+#: Seconds :func:`close` waits for the groups being destroyed (a healthy group takes under 0.1 s).
+CLOSE_SECONDS = 10.0
 
 
 def release(held: list) -> None:
@@ -57,10 +62,44 @@ def release(held: list) -> None:
     Destroying a gloo group closes its connections to every peer (measured on 2 cores: 20-76 ms
     for a group of 8, 8 ms for 2), which a group forming on this worker, and its peers waiting in
     the rendezvous, would otherwise wait for: a warm fit's every generation formed in 60-80 ms
-    instead of 2-23 ms.
+    instead of 2-23 ms.  :func:`close` waits for these threads before the process exits.
     """
     if any(h is not None for h in held):
-        threading.Thread(target=held.clear, name="adadamp-release-group", daemon=True).start()
+        thread = threading.Thread(target=_clear, args=(held,), name="adadamp-release-group", daemon=True)
+        with _LOCK:
+            _RELEASING.add(thread)
+        thread.start()
+
+
+def _clear(held: list) -> None:
+    try:
+        held.clear()
+    finally:
+        with _LOCK:
+            _RELEASING.discard(threading.current_thread())
+
+
+def close(timeout: float = CLOSE_SECONDS) -> bool:
+    """Drop the kept group and wait until every group being released is destroyed (the worker
+    closes, or the process exits: :mod:`atexit`).  Returns whether all were within ``timeout``.
+
+    torch destroys a group with the GIL released and takes it back when done: a daemon thread
+    that does so while the interpreter finalizes is ended there (``pthread_exit``), its unwinding
+    stops at the C++ destructor, and the process aborted with ``terminate called without an
+    active exception`` (often an all-reduce fit's workers, as their cluster closed).
+    """
+    drop()
+    deadline = time.monotonic() + timeout
+    while True:
+        with _LOCK:
+            pending = [t for t in _RELEASING if t.is_alive()]
+        if not pending:
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            logger.warning("%d all-reduce group(s) still being destroyed after %.0f s", len(pending), timeout)
+            return False
+        pending[0].join(left)
 
 
 def _release(kept: KeptGroup | None) -> None:
@@ -126,3 +165,6 @@ def _expire(key: str) -> None:
         kept, _KEPT = _KEPT, None
     _release(kept)
     logger.info("dropped the all-reduce group kept since the last fit (no fit took it)")
+
+
+atexit.register(close)  # before the interpreter finalizes (and ends daemon threads); after a worker's teardown: no-op

@@ -169,7 +169,7 @@ class Trainer:
         handle = worker.stream_handlers.get(REMOVE_WORKER)
         if isinstance(handle, _ForgetRemovedWorkers):
             worker.stream_handlers[REMOVE_WORKER] = handle.handle
-        kept_groups.drop()  # its peers may be closing too
+        kept_groups.close()  # its peers may be closing too; destroyed before this process may exit
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)

@@ -3,95 +3,57 @@
 Each update every member computes the gradient SUM over its share, all-reduces the sums, the
 example counts, the loss and the damper's statistics with ``torch.distributed`` (gloo on CPU,
 NCCL on CUDA devices), divides once by the batch's total (bucket by bucket as they arrive, where
-every example weighs the same) and keeps the mean gradient *pending* for its step.  Where the
-client's damper plans the step from this update's statistics, the next request carries the plan
-and the step is taken when it arrives (the plan costs no extra round trip).  Where the plan reads
-nothing of the round (a constant batch, GeoDamp), the update's own request *announces* its step
-and the member takes it right after its reply, while the client reads the replies and sends the
-next requests: the step leaves the critical path.  Members take the same step on the same
-numbers, so the replicas stay bitwise identical.
+every example weighs the same: :mod:`adadamp.worker.buckets`) and keeps the mean gradient
+*pending* for its step.  Where the client's damper plans the step from this update's statistics,
+the next request carries the plan and the step is taken when it arrives (the plan costs no extra
+round trip).  Where the plan reads nothing of the round (a constant batch, GeoDamp), the update's
+own request *announces* its step and the member takes it right after its reply, while the client
+reads the replies and sends the next requests: the step leaves the critical path.  Members take
+the same step on the same numbers, so the replicas stay bitwise identical.
 
-Gradients are all-reduced in buckets while the backward pass still runs (as PyTorch's DDP
-does): a bucket is a contiguous range of the flat gradient, launched as soon as the backward
-pass has filled it, in the same order on every rank.
+The group a replica all-reduces in is one membership *generation*, formed and left by
+:class:`~adadamp.worker.generation.GroupMember` (this class's base).  A collective that fails (a
+peer died, or hung past the timeout) raises :class:`~adadamp.exceptions.CollectiveError`; the
+update puts back the running statistics it moved and drops the pending gradient, and the client
+forms the next generation without the lost worker and recomputes the update (unless another
+member answered: its all-reduce completed, every share is in it and it stepped, so the update
+stands).  Steps are numbered, so none is applied twice.  A group in step with its peers when the
+fit ends is kept for the next fit on the same workers (:mod:`adadamp.worker.groups`).
 
-Membership: a group is one *generation* with its own rendezvous keys (the pattern of
-torchft's Manager), kept in the scheduler and reached over Dask's comm (:class:`SchedulerStore`).
-Forming one, the members first take the step they may still owe, then rank 0 (a member of the
-last generation, or the client's committed copy) broadcasts weights, running statistics and
-optimizer state, so a joiner starts from them (no more bytes than the model's state can hold: gloo
-authenticates no peer).  Before that, every pair of a new gloo group proves itself with a tag keyed
-by a secret from the rendezvous (:meth:`Replica._check_pairs`): a stranger taken for a peer fails the
-group within ``PAIR_CHECK`` seconds, and it is formed again.  A collective that fails (a peer died,
-or hung past the timeout) raises :class:`~adadamp.exceptions.CollectiveError` and drops the
-pending gradient; the client forms the next generation without the lost worker and recomputes the update (unless another member
-answered: its all-reduce completed, every share is in it and it stepped, so the update stands).
-Steps are numbered, so none is applied twice.  A group in step with its peers when the fit ends is kept for the next
-fit on the same workers (:mod:`adadamp.worker.groups`), which takes it over after a handshake.
-
-One module because the replica, its group membership, its buckets and the scheduler-held store
-share one failure protocol (a failed collective undoes the update's running statistics and
-drops the group); split, each part would need the others' state to undo.
+This module is what a replica does per update and per step, and the state it hands a joiner;
+the group's formation is :mod:`adadamp.worker.generation`, its rendezvous
+:mod:`adadamp.worker.rendezvous`, the bucketed all-reduce :mod:`adadamp.worker.buckets`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
-import hashlib
 import io
 import logging
 import math
-import os
-import threading
 import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.distributed as dist
-from distributed.comm import get_address_host
-from distributed.utils import sync
 
 from ..exceptions import CollectiveError
-from ..records import CommitReply, GradientReply, GroupReply, StepVector, examples_digest, finite_update
+from ..records import CommitReply, GradientReply, StepVector, examples_digest, finite_update
 from ..wire.batches import BATCH_VALUES, BatchPlan, epoch_permutation
 from ..wire.optimizer_plan import apply_settings
 from ..wire.parameters import squared_norm, trainable
 from . import groups
+from .buckets import Buckets, _MeanOfBuckets
+from .generation import GroupMember, collective_backend
 from .gradient import examples, flat_buffers, set_buffers, shards_sum, weights_are_counts
 from .state import FitState
 
 if TYPE_CHECKING:
     from distributed import Worker
 
+#: ``Buckets`` and ``collective_backend`` live in :mod:`.buckets` and :mod:`.generation`; importable here too.
+__all__ = ["Buckets", "Replica", "collective_backend", "dump_state", "load_state", "step_vector"]
 
 logger = logging.getLogger(__name__)
-
-#: Seconds a collective runs before its members start looking for a failed peer every as often.
-ABORT_POLL = 0.2
-#: The store key that marks a generation given up (by a member whose collective failed, or by the
-#: client when a member is lost while the group forms).
-ABORT = "abort"
-#: The longest pause between two looks at the rendezvous for a peer's keys.  Members reach the
-#: rendezvous up to tens of milliseconds apart (a busy core); looks double from 1 ms up to this, so
-#: a peer's keys are seen at most this late.  Each look is one small scheduler call.
-RENDEZVOUS_POLL = 0.01
-_FAILED_GROUPS: list = []  # groups left after a failure (never destroyed: their threads may still wait)
-
-#: Seconds a new gloo group's members have to prove every pair a member's (:meth:`Replica._check_pairs`),
-#: instead of the collective timeout: a stranger that took a pair is found this soon and the group is
-#: formed again.  The check is one message each way per pair once every pair is connected: 0.4 ms
-#: median on two local workers of the idle 2-core machine, 23 ms at most with four busy processes.
-PAIR_CHECK = 5.0
-#: The store key prefix of the members' per-generation secrets (one per member: ``secret/<rank>``).
-SECRET = "secret"
-
-#: The most a replica's state can hold: its weights and running statistics, and per parameter at
-#: most this many more copies of them in the optimizer's state (momentum 1, Adam 2, AMSGrad 3)...
-STATE_COPIES = 8
-#: ... plus this many bytes of ``torch.save`` records per tensor, and 1 MiB.
-STATE_RECORD_BYTES = 4096
 
 
 def step_vector(generation: int, update: int, step_of: int, buffer_scale: float, settings: list[float]) -> np.ndarray:
@@ -105,208 +67,7 @@ def step_vector(generation: int, update: int, step_of: int, buffer_scale: float,
     return StepVector(generation, update, step_of, buffer_scale, tuple(settings)).encode()
 
 
-def collective_backend(device: torch.device | str) -> str:
-    """The ``torch.distributed`` backend for replicas on ``device``: NCCL for CUDA, else gloo.
-
-    Examples
-    --------
-    >>> collective_backend("cpu"), collective_backend("cuda:1")
-    ('gloo', 'nccl')
-    """
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
-
-
-class SchedulerStore(dist.Store):
-    """One generation's rendezvous: ``torch.distributed`` store keys in the Dask scheduler's metadata
-    (``set_metadata``: "small amounts of data ... for administrative purposes"), reached over the
-    worker's own connection to the scheduler.
-
-    So nothing listens for it: only who can talk to the scheduler (whom Dask trusts with running
-    code on the workers anyway) can read a member's address, plant a key or join the group, and on
-    a TLS cluster the rendezvous is encrypted with the rest of Dask's comm.  Gloo calls ``set``,
-    ``get`` and ``wait`` while it forms the group (from the thread that builds it, never the
-    worker's event loop); the members use ``set`` and ``check`` for ``abort``.  A wait polls: a
-    generation's keys are a few hundred bytes per member, written once.
-    """
-
-    def __init__(self, worker: Worker, keys: tuple[str, ...], timeout: float):
-        super().__init__()
-        self._worker, self._keys, self._timeout = worker, list(keys), timeout
-        self._seen: dict = {}  # the entries read so far: a generation's keys are written once
-
-    def _call(self, op: str, **kwargs):
-        try:
-            return sync(self._worker.loop, getattr(self._worker.scheduler, op), callback_timeout=self._timeout,
-                        **kwargs)
-        except OSError as err:  # the scheduler is gone (or slow): as a store that stopped answering
-            raise dist.DistStoreError(f"rendezvous {'/'.join(self._keys)}: {op} failed: {err!r}") from err
-
-    def _entries(self) -> dict:
-        entries = self._call("get_metadata", keys=self._keys, default=None) or {}
-        self._seen.update(entries)
-        return entries
-
-    def set(self, key: str, value) -> None:
-        self._call("set_metadata", keys=[*self._keys, key], value=bytes(value))
-
-    def check(self, keys: list[str]) -> bool:
-        entries = self._entries()
-        return all(k in entries for k in keys)
-
-    def get(self, key: str) -> bytes:
-        return self._wait_for([key])[key]
-
-    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
-        self._wait_for(keys, None if timeout is None else timeout.total_seconds())
-
-    def _wait_for(self, keys: list[str], timeout: float | None = None) -> dict:
-        if all(k in self._seen for k in keys):  # gloo asks for each peer's address in turn: one look for all
-            return self._seen
-        start = time.monotonic()
-        deadline = start + (self._timeout if timeout is None else timeout)
-        delay = 0.001
-        while True:
-            entries = self._entries()
-            if all(k in entries for k in keys):
-                return entries
-            if ABORT in entries:  # a member (or the client) gave this generation up: so does its rendezvous
-                raise dist.DistStoreError(f"rendezvous {'/'.join(self._keys)}: aborted while waiting for {keys}")
-            if time.monotonic() > deadline:
-                missing = [k for k in keys if k not in entries]
-                raise dist.DistStoreError(f"rendezvous {'/'.join(self._keys)}: no {missing} in {deadline - start:.0f} s")
-            time.sleep(delay)
-            delay = min(2 * delay, RENDEZVOUS_POLL)
-
-
-def gloo_group(store: dist.Store, rank: int, size: int, host: str, timeout: datetime.timedelta):
-    """A gloo group whose sockets listen on ``host`` (the worker's Dask address: the interface its
-    peers reach it on), or on the interfaces ``GLOO_SOCKET_IFNAME`` names where it is set.
-
-    Gloo's own default is the interface of the machine's host name, whatever the cluster uses;
-    binding a device to an address goes through ``_Options``, as torch's own gloo tests do.
-    """
-    if os.environ.get("GLOO_SOCKET_IFNAME"):
-        return dist.ProcessGroupGloo(store, rank, size, timeout)
-    options = dist.ProcessGroupGloo._Options()
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-    options._timeout = timeout
-    return dist.ProcessGroupGloo(store, rank, size, options)
-
-
-class Buckets:
-    """The flat gradient cut into buckets that are all-reduced during the backward pass.
-
-    Buckets follow the parameters in reverse (the order the backward pass fills them); the first
-    is small (``first_bytes``) so communication starts early, the others up to ``bucket_bytes``
-    (DDP's 1 MB and 25 MB).  Hooks fire after a parameter's gradient is accumulated; a bucket is
-    launched when all its parameters are in and every bucket before it was launched.
-    """
-
-    def __init__(self, params: list[torch.nn.Parameter], grads: torch.Tensor, bucket_bytes: int, first_bytes: int):
-        self.grads = grads
-        sizes = [p.numel() for p in params]
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)
-        self.ranges: list[tuple[int, int]] = []
-        self.members: list[int] = []
-        bucket_of: dict[int, int] = {}
-        limit, lo, hi, count = first_bytes, None, None, 0
-        for i in reversed(range(len(params))):
-            lo, hi = int(starts[i]), hi if hi is not None else int(starts[i] + sizes[i])
-            bucket_of[i] = len(self.ranges)
-            count += 1
-            if (hi - lo) * grads.element_size() >= limit or i == 0:
-                self.ranges.append((lo, hi))
-                self.members.append(count)
-                limit, hi, count = bucket_bytes, None, 0
-        self._next = 0
-        self._hooks = [
-            p.register_post_accumulate_grad_hook(lambda _p, b=bucket_of[i]: self._filled(b)) for i, p in enumerate(params)
-        ]
-        self.group = None
-        self._armed = False
-        self._statistic = None
-        self._works: list = []
-        self._error: BaseException | None = None
-
-    def start(self, group, statistic=None) -> None:
-        """Launch buckets on ``group`` as the coming backward pass fills them, each read into
-        ``statistic`` (:class:`~adadamp.worker.gradient.ChunkStatistic`) first."""
-        self.group, self._armed, self._works, self._error = group, True, [], None
-        self._statistic = statistic
-        self._count = [0] * len(self.ranges)
-        self._next = 0
-
-    @property
-    def launched(self) -> int:
-        """Buckets launched so far in this update (by the backward pass, before :meth:`finish`)."""
-        return self._next
-
-    def _filled(self, bucket: int) -> None:
-        if not self._armed:
-            return
-        self._count[bucket] += 1
-        while self._next < len(self.ranges) and self._count[self._next] == self.members[self._next]:
-            self._launch()
-
-    def _launch(self) -> None:
-        lo, hi = self.ranges[self._next]
-        self._next += 1
-        try:
-            if self._statistic is not None:  # before the all-reduce overwrites the local sum
-                self._statistic.read(lo, hi)
-            self._works.append((self.group.allreduce([self.grads[lo:hi]]), lo, hi))
-        except RuntimeError as err:  # a hook must not raise into autograd: reported by finish()
-            self._error = err
-
-    def disarm(self) -> None:
-        self._armed, self._works, self._statistic = False, [], None
-
-    def flush(self) -> None:
-        """Launch the buckets the backward pass did not fill (unused parameters, an empty share), in order.
-
-        The backward pass is over, so its statistic has read what it still needed."""
-        self._statistic = None
-        while self._next < len(self.ranges):
-            self._launch()
-
-    def finish(self, wait, arrived=None) -> None:
-        """Launch what :meth:`flush` would, ``wait(work)`` for every bucket and, as each comes in,
-        call ``arrived(lo, hi)`` with its range (while the later buckets are still on the wire)."""
-        try:
-            self.flush()
-            for work, lo, hi in self._works:
-                wait(work)
-                if arrived is not None:
-                    arrived(lo, hi)
-        finally:
-            self._armed, self._works = False, []
-        if self._error is not None:
-            raise self._error
-
-    def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self.group = None  # a group kept for a later fit must go when it is dropped, not at a garbage collection
-
-
-class _MeanOfBuckets:
-    """Divides each all-reduced bucket of the gradient sum by the batch's size and adds up its
-    squared norm, as :meth:`Buckets.finish` hands it over: the division and the norm of all but
-    the last bucket overlap the later buckets' all-reduce (after it, they cost a pass over the
-    whole gradient each: ~10 and ~9 ms at 50M parameters on one core).  Elementwise, so the
-    mean is bitwise the one divided at once; the norm sums per bucket (float32 reductions within
-    one, about 1e-7 relative from a norm taken at once)."""
-
-    def __init__(self, grads: torch.Tensor, batch_n: int):
-        self.grads, self.scale, self.sq_norm = grads, 1.0 / batch_n, 0.0
-
-    def __call__(self, lo: int, hi: int) -> None:
-        part = self.grads[lo:hi]
-        part.mul_(self.scale)
-        self.sq_norm += squared_norm(part)
-
-
-class Replica:
+class Replica(GroupMember):
     """This worker's copy of an all-reduce fit's module (in ``state``) and optimizer.
 
     ``applied`` counts the updates whose step this replica has taken (its weights are the
@@ -317,176 +78,17 @@ class Replica:
 
     def __init__(self, state: FitState, optimizer: torch.optim.Optimizer, *, fit_id: str, worker: Worker | None,
                  timeout: float, bucket_mb: float, applied: int):
+        super().__init__(fit_id=fit_id, worker=worker, timeout=timeout, device=state.device)
         self.state = state
         self.optimizer = optimizer
-        self.fit_id = fit_id
-        self.worker = worker
-        self.timeout = datetime.timedelta(seconds=timeout)
-        self.backend = collective_backend(state.device)
         self.applied = int(applied)
         self.pending: int | None = None
         self.announced: StepVector | None = None  # the pending update's own step, sent with its request
         self._perm, self._perm_key = None, None  # the data epoch's permutation, cached
         self._layout: tuple[int, ...] | None = None  # the batch plans' layout the client sent last
-        self.group = None
-        self.generation: int | None = None
-        self.rank, self.size = 0, 1
-        self._prefix: dist.Store | None = None  # the current generation's rendezvous
-        self._group_store: dist.Store | None = None  # the store the group was formed with (a kept one's: older)
-        self._members: tuple[str, ...] = ()  # the group's workers in rank order
-        self._keep = 0.0  # seconds to keep the group after the fit (set by a commit, cleared by an update)
         _warm_up()
         mb = 2**20
         self.buckets = Buckets(trainable(state.module), state.grads, int(bucket_mb * mb), min(mb, int(bucket_mb * mb)))
-
-    # ------------------------------------------------------------------ the group
-    def join(self, generation: int, rank: int, size: int, step: StepVector | None, restore: bytes | None,
-             members: tuple[str, ...] = (), reuse: str | None = None, broadcast: bool = True) -> GroupReply:
-        """Form generation ``generation``'s group as ``rank`` of ``size`` and take rank 0's state.
-
-        ``step`` is the step this replica may still owe (taken first, if it was not); ``restore``
-        (rank 0 only) is the client's committed state, used when no member of the last
-        generation remains.  ``members``: the group's workers in rank order.  ``reuse``: the key
-        of a group kept from an earlier fit (:mod:`adadamp.worker.groups`) that every member
-        offered: taken instead of forming one.  ``broadcast`` False: every member was set up from
-        the same state (the client knows), so rank 0 sends none.
-        """
-        with self.state.lock:
-            return self._join(generation, rank, size, step, restore, tuple(members), reuse, broadcast)
-
-    def _join(self, generation, rank, size, step, restore, members, reuse, broadcast) -> GroupReply:
-        start = time.perf_counter()
-        self.take_announced()
-        self.take_step(step, strict=False)  # a joiner owes nothing: it takes rank 0's state below
-        self._keep = 0.0
-        held = [self.group, self._group_store]  # the last generation's group: its peers may be gone
-        self.group = self._group_store = self.buckets.group = None
-        groups.release(held)
-        try:
-            store = self._prefix = SchedulerStore(self.worker, (self.fit_id, str(generation)),
-                                                  self.timeout.total_seconds())
-            if reuse is not None:
-                kept = groups.take(reuse, members, self.timeout.total_seconds())
-                if kept is None or kept.rank != rank:
-                    raise RuntimeError(f"the group {reuse} kept from an earlier fit is gone")
-                self._group_store = kept.store
-                self.group, self.generation, self.rank, self.size = kept.group, generation, rank, size
-                self._handshake()
-            else:
-                groups.drop()  # the members changed: another group forms on this worker
-                self._group_store = store
-                if self.backend == "nccl":  # untested here (no GPU on the development machine)
-                    group = self._abortable(lambda: dist.ProcessGroupNCCL(store, rank, size))
-                else:
-                    store.set(f"{SECRET}/{rank}", os.urandom(16))  # before its address: peers see both at once
-                    host = get_address_host(self.worker.address)
-                    group = self._abortable(lambda: gloo_group(store, rank, size, host, self.timeout))
-                self.group, self.generation, self.rank, self.size = group, generation, rank, size
-                if self.backend == "gloo":
-                    self._check_pairs(store)
-            self._members = members
-            if restore is not None:
-                self.load(restore)
-            if broadcast or restore is not None:
-                self._broadcast_state()
-        except RuntimeError as err:
-            failure = str(err)
-        else:
-            return GroupReply(self.applied, time.perf_counter() - start, reused=reuse is not None,
-                              broadcast=bool(broadcast or restore is not None))
-        self._drop_group(abort=True)  # also when no group was built: the peers still wait in the rendezvous
-        raise CollectiveError(f"forming generation {generation} failed on rank {rank}: {failure}")
-
-    def _handshake(self) -> None:
-        """Check, over a group kept from an earlier fit, that every member took it for this fit and
-        generation (two fits that both found it kept could each have taken it on some members):
-        the largest and the smallest of the members' tags must be this member's."""
-        digest = hashlib.blake2b(f"{self.fit_id}/{self.generation}".encode(), digest_size=8).digest()
-        tag = int.from_bytes(digest, "little") >> 2  # 62 bits: its negation fits too
-        both = torch.tensor([tag, -tag], dtype=torch.int64, device=self._comm_device())
-        options = dist.AllreduceOptions()
-        options.reduceOp = dist.ReduceOp.MAX
-        self._wait(self.group.allreduce([both], options))
-        if both.tolist() != [tag, -tag]:
-            raise RuntimeError("the kept group was taken by another fit on some members")
-
-    def _check_pairs(self, store: SchedulerStore) -> None:
-        """Check, before anything else is sent over a gloo group just formed, that each pair's peer
-        is the member the rendezvous named, within ``PAIR_CHECK`` seconds.
-
-        Gloo's listener takes the first connection that sends a pair's sequence number (a small
-        integer) for that pair, so a local process that connects to a member's new port before the
-        peer does is taken for it, and the first collective waits for the collective timeout.  Each
-        member sends each peer (an all-to-all: one message per pair) a tag keyed by its own secret,
-        written to the scheduler-held rendezvous that no stranger reads, and checks the tag each
-        peer sent it: a stranger cannot make one, and the tag it receives is worth nothing for
-        another pair or generation.
-        """
-        secrets = store._wait_for([f"{SECRET}/{r}" for r in range(self.size)])  # seen with the peers' addresses
-        mine = secrets[f"{SECRET}/{self.rank}"]
-        sent = torch.tensor([_pair_tag(mine, p) for p in range(self.size)], dtype=torch.int64)
-        received = torch.zeros(self.size, dtype=torch.int64)
-        self._wait(self.group.alltoall_base(received, sent, [], []), PAIR_CHECK, "checking its pairs")
-        strangers = [p for p in range(self.size)
-                     if p != self.rank and received[p].item() != _pair_tag(secrets[f"{SECRET}/{p}"], self.rank)]
-        if strangers:
-            raise RuntimeError(f"the peers of ranks {strangers} are not the members the rendezvous named")
-
-    def _abortable(self, build):
-        """``build()`` the group in a thread of its own, and give it up when the generation is
-        aborted (a peer died in the rendezvous: the client or a peer set ``abort``) or the
-        collective timeout passed.
-
-        A peer that dies before writing its rendezvous keys is noticed by the store's waits
-        (:class:`SchedulerStore` looks for ``abort`` too); one that dies after, while the group's
-        sockets connect, only from here.  The abandoned thread ends with its own timeout at the
-        latest; a group it still builds is kept aside, never used.
-        """
-        done, box = threading.Event(), {}
-
-        def run():
-            try:
-                box["group"] = build()
-            except BaseException as err:  # noqa: BLE001 -- handed to the waiting thread
-                box["error"] = err
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name=f"adadamp-rendezvous-{self.fit_id}", daemon=True).start()
-        try:
-            self._until_done(done, "forming its group")
-        except RuntimeError:
-            _FAILED_GROUPS.append((box, self._prefix))  # whatever the thread still builds stays aside
-            raise
-        if "error" in box:
-            raise box["error"]
-        return box["group"]
-
-    def _broadcast_state(self) -> None:
-        """Rank 0's weights, running statistics and optimizer state to every member."""
-        device = self._comm_device()
-        blob = self.dump() if self.rank == 0 else b""
-        length = torch.tensor([len(blob)], dtype=torch.int64, device=device)
-        self._wait(self.group.broadcast(length, 0))
-        if self.rank == 0:
-            data = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
-        else:
-            n, most = int(length.item()), self.max_state_bytes()
-            if not 0 < n <= most:  # checked before allocating: gloo's peers are not authenticated
-                raise RuntimeError(f"rank 0 announced {n} bytes of state; this model's state holds at most {most}")
-            data = torch.empty(n, dtype=torch.uint8, device=device)
-        self._wait(self.group.broadcast(data, 0))
-        if self.rank != 0:
-            self.load(data.cpu().numpy().tobytes())
-
-    def max_state_bytes(self) -> int:
-        """The most bytes :meth:`dump` can write for this model (``STATE_COPIES``)."""
-        tensors = [*self.state.module.parameters(), *self.state.buffers]
-        weights = sum(t.numel() * t.element_size() for t in tensors)
-        return STATE_COPIES * (weights + STATE_RECORD_BYTES * len(tensors)) + 2**20
-
-    def _comm_device(self) -> torch.device:
-        return self.state.device if self.backend == "nccl" else torch.device("cpu")
 
     # ------------------------------------------------------------------ state
     def dump(self) -> bytes:
@@ -658,50 +260,12 @@ class Replica:
             self._wait(work)
         return totals, running
 
-    def _wait(self, work, timeout: float | None = None, what: str = "a collective") -> None:
-        """Wait for a collective (at most ``timeout`` seconds, the collective timeout by default),
-        and give it up when another member's failed.
-
-        A peer that dies is noticed at once only by the members it talks to directly; the others
-        would wait for the collective timeout.  So a member whose collective fails says so in the
-        generation's store (``abort``), and a member still waiting after ``ABORT_POLL`` looks there
-        every ``ABORT_POLL`` seconds.  A normal collective never looks.
-        """
-        done = threading.Event()
-        work.get_future().add_done_callback(lambda _: done.set())
-        self._until_done(done, f"generation {self.generation}: {what}", timeout)
-        work.wait()  # done: raises the collective's error, if it failed
-
-    def _until_done(self, done: threading.Event, what: str, timeout: float | None = None) -> None:
-        """Wait for ``done``, looking every ``ABORT_POLL`` for the generation's ``abort``; raise
-        when it is there (a peer failed or was lost) or ``timeout`` (the collective timeout) passed."""
-        limit = self.timeout.total_seconds() if timeout is None else min(timeout, self.timeout.total_seconds())
-        deadline = time.monotonic() + limit
-        while not done.wait(ABORT_POLL):
-            if self._prefix.check([ABORT]):
-                raise RuntimeError(f"{what}: given up, a peer failed or was lost")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what}: not done within {limit:g} s")
-
     def _fail(self, running: torch.Tensor | None) -> None:
         """An update failed: leave its group, and put back the running statistics it started
         from (its forward passes moved them; the update is recomputed from the same state)."""
         if running is not None:
             set_buffers(self.state.buffers, running)
         self._drop_group()
-
-    def _drop_group(self, abort: bool = False) -> None:
-        """Leave a group after a failure: tell the other members (``abort`` in the generation's
-        store) and keep the group object alive, aside: its threads may still wait on a peer until
-        the timeout, and destroying it would wait for them.  ``abort``: say so also when no group
-        was formed (a failed rendezvous)."""
-        self.buckets.disarm()
-        group, self.group, self.pending = self.group, None, None
-        if group is not None:  # the stores too: the group's C++ side uses the one it was formed with
-            _FAILED_GROUPS.append((group, self._group_store, self._prefix))
-        if (group is not None or abort) and self._prefix is not None:
-            with contextlib.suppress(Exception):  # the scheduler may be gone
-                self._prefix.set(ABORT, b"1")
 
     def commit(self, step: StepVector | None, state: bool, groups: bytes | None = None, keep: float = 0.0) -> CommitReply:
         """Take the pending step (the end of an epoch or of the fit); return the state if asked.
@@ -739,11 +303,6 @@ class Replica:
         finally:
             if idle:
                 self.state.lock.release()
-
-
-def _pair_tag(secret: bytes, peer: int) -> int:
-    """What a member keyed by ``secret`` sends rank ``peer`` to prove itself (:meth:`Replica._check_pairs`)."""
-    return int.from_bytes(hashlib.blake2b(str(peer).encode(), key=secret, digest_size=8).digest(), "little", signed=True)
 
 
 def dump_state(flat: torch.Tensor, buffers: list[torch.Tensor], optimizer, applied: int) -> bytes:

@@ -339,11 +339,14 @@ class Netbed:
 
     def start_worker(self, host: Host, scheduler: str, tls: dict | None = None, env: dict | None = None):
         """One single-threaded Dask worker on ``host`` (no nanny: a lost host restarts nothing;
-        it exits when it cannot reach the scheduler for 60 s)."""
+        it exits when it cannot reach the scheduler for 60 s).  It imports adadamp's worker side
+        (torch) before it joins: an import in the worker's event loop on a loaded machine blocks
+        its heartbeats for seconds, and a scheduler with a short worker TTL drops it."""
         protocol = scheduler.split("://")[0]
         args = [sys.executable, "-m", "distributed.cli.dask_worker", scheduler, "--host", host.address,
                 "--nworkers", "1", "--nthreads", "1", "--no-nanny", "--no-dashboard", "--protocol", protocol,
-                "--death-timeout", "60", "--local-directory", host.shm, *_tls_args(tls)]
+                "--death-timeout", "60", "--local-directory", host.shm, "--preload", "adadamp.worker.plugin",
+                *_tls_args(tls)]
         return host.popen(args, os.path.join(self.logs, f"h{host.index}-worker.log"),
                           env={"OMP_NUM_THREADS": "1", **(env or {})})
 

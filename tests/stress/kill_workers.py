@@ -31,7 +31,7 @@ Workloads (all regression on 16 features):
 Moments:
 
 * ``setup``: a timer 0-0.3 s after the fit starts (set-up, placement or the first updates);
-* ``placement``: as the fit's first data placement starts (``Backend._place``, which both
+* ``placement``: as the fit's first data placement starts (``Sizing._place``, which both
   backends inherit, is wrapped for the trial: a worker of the list being placed on is
   SIGKILLed before any block moves, so the placement itself meets the dead worker; with dask-array
   input that placement waits ``max(60, update_timeout)`` s, 120 by default, for the blocks pinned
@@ -81,7 +81,7 @@ from torch import nn
 
 from adadamp import DaskRegressor
 from adadamp.callbacks import Callback
-from adadamp.engine.backends import Backend
+from adadamp.engine.backends.sizing import Sizing
 from adadamp.engine.loop import FitLoop
 
 if __name__ != "__main__":  # imported (tests/test_elastic.py): workers unpickle this module's classes by value
@@ -304,7 +304,7 @@ def _kill_at_placement(pids: list[int], rng: random.Random):
                 _kill(rng.choice(pids))
             return original(self, new_workers)
         return place
-    return _wrapped(Backend, "_place", make)
+    return _wrapped(Sizing, "_place", make)
 
 
 def _kill_at_checkpoint(client: Client, rng: random.Random, at: int, before: bool):

@@ -23,7 +23,7 @@ ends.  That state is also the *commit* a group falls back to when no replica is 
 Membership (Holt & Sievert 2021, "Future work", name the decentralized version as the next step;
 the group pattern is torchft's, :doc:`/guide/backends`): when the workers change, the next update first forms a new
 group (a new generation, with its own rendezvous keys in the scheduler, reached over Dask's
-comm: :class:`~adadamp.worker.replica.SchedulerStore`), whose rank 0 is a replica of the last
+comm: :class:`~adadamp.worker.rendezvous.SchedulerStore`), whose rank 0 is a replica of the last
 generation and broadcasts its state to the joiners.  A worker lost inside a collective makes the
 others' collective fail (at once when it died, after the collective timeout when it hangs); the
 update is then recomputed by the next generation from the committed step count: no step is
@@ -83,7 +83,8 @@ from ...wire.channel import is_loopback
 from ...wire.optimizer_plan import apply_plan, group_settings
 from ...wire.parameters import flatten_parameters, float_buffers
 from ...wire.rpc import rpc_call
-from ...worker.replica import ABORT, dump_state, load_state
+from ...worker.rendezvous import ABORT
+from ...worker.replica import dump_state, load_state
 from ..aggregation import Totals
 from ..speeds import lost_after
 from ..transport import LOST
@@ -419,14 +420,11 @@ class AllReduce(Backend):
             raise NoWorkersError("every replica was lost before the client's copy could be brought up to date")
 
     # ------------------------------------------------------------------ training
-    def _reduce(self, batch: Batch) -> Totals:
-        """One update's round on the replicas; returns the batch's totals, with the squared norm of
-        its mean gradient.  A lost worker: the next generation recomputes the update.
-
-        Each member's request names the batch (a :class:`~adadamp.wire.batches.BatchPlan`: its place
-        in the epoch's permutation), not its examples, and the member's shards only when the data
-        was placed again: the client sends under a hundred bytes per member whatever the batch
-        (:mod:`adadamp.wire.channel`)."""
+    def _gradient_round(self, batch: Batch) -> Totals:
+        """The batch's mean gradient, all-reduced and kept pending on the replicas, in one update's
+        round (steps 3-4 of the module docstring: each request names the batch, a
+        :class:`~adadamp.wire.batches.BatchPlan`); returns its totals, with the squared norm of its
+        mean gradient.  A lost worker: the next generation recomputes the update."""
 
         def one_round(_k: int) -> tuple[Totals | None, list[str]]:
             self._ensure_group()
@@ -525,10 +523,6 @@ class AllReduce(Backend):
         with contextlib.suppress(Exception):  # the scheduler may be gone: the members time out
             self.client.sync(self.client.scheduler.set_metadata, keys=[self.fit_id, str(self.generation), ABORT],
                              value=b"1", callback_timeout=5.0)
-
-    def _gradient_round(self, batch: Batch) -> Totals:
-        """The batch's mean gradient, all-reduced and kept pending on the replicas."""
-        return self._reduce(batch)
 
     def _finite(self, loss: float, total: Totals) -> bool:
         return finite_update(total.loss_sum, total.weight, total.grad_sq_norm)  # as the members decide

@@ -8,8 +8,10 @@ Both backends (:mod:`.parameter_server`, :mod:`.allreduce`) share here: the work
 (:mod:`~adadamp.data.placement`), each update's batch (the damper names its size, the sampler
 draws its examples), the steps of an update and its record, and the epoch loop
 (:func:`adadamp.dampers.epoch.run_epoch`).  Each backend supplies how an update's gradient is
-computed and where the step is taken (the abstract methods).  One module: the update loop and the
-hooks it calls are one contract, and its parts read the same state.
+computed and where the step is taken (the abstract methods).  The update loop and the hooks it
+calls are one contract, so they are one module; how many workers and shards the coming batches
+want, and where the data blocks go, is decided between updates (:mod:`.sizing`, a base of
+:class:`Backend`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from typing import Self
 import dask
 import numpy as np
 import torch
-from dask.utils import format_bytes
 from distributed import Client
 
 from ... import allocator, embedded
@@ -39,18 +40,18 @@ from ...dampers import BaseDamper, GradStats, TrainState
 from ...dampers.clock import LoopState, Sampler
 from ...dampers.epoch import run_epoch
 from ...data import DataSource
-from ...data.placement import plan_moves
 from ...exceptions import ConvergenceError
 from ...records import SetupReply, SetupRequest, UpdateRecord, epoch_row
 from ...wire import shm
 from ...wire.channel import channel_host
-from ...wire.parameters import examples_independent, trainable
+from ...wire.parameters import trainable
 from ...wire.shm import SharedBuffers
 from ...worker.plugin import TrainerPlugin
 from ..aggregation import Totals
 from ..membership import Membership
-from ..speeds import COUPLED_SHARDS_PER_WORKER, SHARDS_PER_WORKER, Speeds
+from ..speeds import Speeds
 from ..transport import Transport, channels_enabled
+from .sizing import Sizing
 
 logger = logging.getLogger(__name__)
 
@@ -58,14 +59,6 @@ logger = logging.getLogger(__name__)
 #: finished before the next request idled until it came (measured: 1.25x against 1.1x with two).
 PREFETCH_BATCHES = 2
 
-#: Seconds a worker takes from the cluster's request to taking part, before a fit measured it: a Dask
-#: worker process importing torch takes 2-10 s (the schedule is read this far ahead; see ``_ahead``).
-WORKER_START = 10.0
-#: How far ahead of a measured worker start the schedule is read: starts vary (more workers at once,
-#: a busier machine or queue), and a worker asked for early costs only its idle seconds.
-START_MARGIN = 2.0
-#: The most epochs the schedule is read ahead.
-MAX_LOOKAHEAD_EPOCHS = 100
 #: Updates whose median time clocks the schedule read ahead.
 RECENT_UPDATES = 32
 
@@ -92,7 +85,7 @@ def mark_base_lr(optimizer: torch.optim.Optimizer) -> None:
         group.pop("adadamp_scheduled_lr", None)  # set by an LRScheduler callback of this fit, if any
 
 
-class Backend(abc.ABC):
+class Backend(Sizing, abc.ABC):
     """Trains ``module`` on ``data`` held by the workers of ``client``, for one ``fit`` call.
 
     Everything that must outlive the call (module, optimizer, damper, :class:`LoopState`) belongs
@@ -204,6 +197,11 @@ class Backend(abc.ABC):
         """The cluster policy in force (the estimator's, without scaling when the damper follows the workers)."""
         return self.members.policy
 
+    def _patient(self) -> set[str]:
+        """The workers that have not answered an update of this fit yet: only ``update_timeout``
+        gives up on them (:meth:`Transport.round`)."""
+        return {w for w in self.workers if w not in self.speeds.answered}
+
     # ------------------------------------------------------------------ set-up
     def __enter__(self) -> Self:
         """Acquire everything the fit needs; on any failure release what was acquired, then raise."""
@@ -274,26 +272,6 @@ class Backend(abc.ABC):
             stack.callback(torch.set_num_threads, torch.get_num_threads())
             torch.set_num_threads(1)
 
-    def _size_cluster(self) -> None:
-        """The cluster policy of this damper, the workers its first batch wants, and the cluster
-        sized for the batches of the first ``prescale_epochs``."""
-        self.members.policy = self._policy
-        if self._policy.scale and self.damper.follows_workers:
-            self.members.policy = dataclasses.replace(self._policy, scale=False)  # B follows W: never size W from B
-        self.members.use(self._first_workers())
-        batch = self.damper.forecast_batch_size(self.loop.epoch)  # None: the first update sizes the cluster
-        if self.policy.scale and batch:
-            ahead = self.damper.forecast_batch_size(self.loop.epoch + self.policy.prescale_epochs) or 0
-            self.members.scale_to(self.members.wanted(max(int(batch), int(ahead))))
-
-    def _first_workers(self) -> int:
-        """The workers a fit starts on: those its first batch wants (the damper's forecast); else
-        ``max_workers`` (the first update decides; a damper that follows the workers keeps it)."""
-        batch = self.damper.forecast_batch_size(self.loop.epoch)
-        if batch and not self.damper.follows_workers:
-            return self.members.wanted(int(batch))
-        return self._policy.max_workers
-
     def _setup_request(self, worker: str) -> SetupRequest:
         """A worker's set-up: the module and criterion, and its shared-memory offer (made now)."""
         return SetupRequest(
@@ -341,157 +319,6 @@ class Backend(abc.ABC):
             p.grad = None
         self._bound = False
 
-    # ------------------------------------------------------------------ placement
-    def _place(self, new_workers: list[str]) -> dict[str, BaseException]:
-        """Give every worker a fair share of the data blocks, moving as few as possible.
-
-        Returns the workers that were lost while taking their blocks (other errors raise).
-        """
-        preferred = self.data.preferred(self.placement)  # where Dask holds a block already (dask data)
-        n_shards = self._placement_shards(new_workers)
-        quota = self.speeds.quotas(new_workers, n_shards) if self.policy.shares == "speed" else None
-        shard_of, holder, add, drop = plan_moves(
-            self.placement.names(self.workers), new_workers, n_shards, preferred, quota
-        )
-        self._check_memory([holder[g] for g in shard_of], new_workers)
-        timeout = max(60.0, self.policy.update_timeout)
-        failed = self.data.move(self.transport, self.placement, add, drop, timeout)
-        self._placed = True
-        self.placement.assign(shard_of, holder, new_workers)
-        sizes = sorted(int(c) for c in np.bincount(self.placement.owner, minlength=len(new_workers)))
-        logger.info("workers: %d, shards: %d, blocks per worker: %s", len(new_workers), n_shards, sizes)
-        return failed
-
-    def _patient(self) -> set[str]:
-        """The workers that have not answered an update of this fit yet: only ``update_timeout``
-        gives up on them (:meth:`Transport.round`)."""
-        return {w for w in self.workers if w not in self.speeds.answered}
-
-    def _follow_speeds(self) -> None:
-        """With speed-based shares, place the shards again when the measured speeds say other
-        quotas would shorten the update (:meth:`Speeds.rebalance`); between updates only."""
-        if self.policy.shares != "speed" or not self.workers:
-            return
-        held = np.bincount(self.placement.holder, minlength=len(self.workers)).tolist()
-        if self.speeds.rebalance(self.workers, held, self.loop.n_updates):
-            logger.info("update %d: shards follow the measured speeds %s (held %s, elasticity %.2f)",
-                        self.loop.n_updates, [round(r) for r in self.speeds.of(self.workers)], held,
-                        self.speeds.elasticity())
-            self.members.replace()
-
-    def _placement_shards(self, new_workers: list[str]) -> int:
-        """The shards of a placement on ``new_workers``: the fit's (a lost worker's shards go to the
-        others); only the first placement and the placements between updates that size the workers
-        for the next batch (:meth:`_resize`; the data then moves once) set them."""
-        if not self.n_shards or self._resizing is not None:
-            self.n_shards = self._target_shards(self._resizing, workers=new_workers)
-        return self.n_shards
-
-    def _target_shards(self, batch_size: int | None = None, workers: list[str] | None = None) -> int:
-        """The shards an update of ``batch_size`` examples is cut into.
-
-        The workers the batch wants (the schedule decides, not the workers that came) when the fit
-        scales the cluster; on a cluster it does not scale, no more than it has: the most workers
-        this fit has had, or that the client's cluster plans (workers restarting included), never
-        fewer when workers are lost, so a lost worker changes no update; more only when more
-        workers take part than there are shards.  A damper that follows the workers: the latter.
-        With speed-based shares, :meth:`_shards_per_worker` times that (at most one per block).
-        """
-        workers = self.workers if workers is None else workers
-        most = max(self.n_shards or 0, self._finer(max(len(workers), self.members.planned(), 1)))
-        batch = batch_size or self.damper.forecast_batch_size(self.loop.epoch)
-        if batch and not self.damper.follows_workers:
-            wanted = self._finer(self.members.wanted(int(batch)))
-            return wanted if self.policy.scale else min(wanted, most)
-        return most
-
-    def _finer(self, n_shards: int) -> int:
-        """``n_shards`` cut :meth:`_shards_per_worker` times finer, at most one shard per block."""
-        per_worker = self._shards_per_worker()
-        return max(n_shards, min(n_shards * per_worker, self.placement.n_blocks)) if per_worker > 1 else n_shards
-
-    def _shards_per_worker(self) -> int:
-        """Shards per worker: 1 with equal shares; with speed-based shares enough for a share to
-        follow a worker's speed (:data:`~adadamp.engine.speeds.SHARDS_PER_WORKER`), fewer when each
-        shard is its own forward pass (BatchNorm, dropout: :func:`examples_independent`)."""
-        if self.policy.shares != "speed":
-            return 1
-        if not hasattr(self, "_independent"):  # the architecture's: the same for a warm call's copy
-            self._independent = examples_independent(self.module)
-        return SHARDS_PER_WORKER if self._independent else COUPLED_SHARDS_PER_WORKER
-
-    def _ahead(self, batch_size: int) -> int:
-        """The largest batch the schedule names before workers asked for now could take part: within
-        ``prescale_epochs`` and, scaling the cluster, within ``START_MARGIN`` worker starts (measured;
-        ``WORKER_START`` seconds before the first), the coming epochs timed at the median of the
-        latest updates (an update costs about the same at any batch when the workers grow with it).
-        0 where the damper has no forecast."""
-        lp, forecast = self.loop, self.damper.forecast_batch_size
-        ahead = forecast(lp.epoch + self.policy.prescale_epochs) or 0
-        if not ahead or not self._recent or not self.policy.scale:  # no worker to start: set-ups take less
-            return ahead
-        seconds = float(np.median(self._recent))
-        latency = self.members.start_latency
-        horizon = WORKER_START if latency is None else START_MARGIN * latency
-        left = (lp.epoch_end() - lp.progress) / batch_size * seconds  # the rest of this epoch
-        epoch = math.floor(lp.epoch + 1e-9) + 1
-        for _ in range(MAX_LOOKAHEAD_EPOCHS):
-            if left >= horizon:
-                break
-            batch = forecast(epoch)
-            if not batch:
-                break
-            ahead = max(ahead, int(batch))
-            left += math.ceil(lp.n_data / batch) * seconds
-            epoch += 1
-        return ahead
-
-    def _resize(self, batch_size: int) -> None:
-        """Train the coming update on the workers ``batch_size`` wants (:meth:`Membership.follow`),
-        cut into the shards :meth:`_target_shards` names (between updates only): a placement on
-        the new workers cuts them at once, else the data is placed again on the same workers."""
-        self._resizing = batch_size
-        try:
-            if not self.damper.follows_workers:
-                self.members.follow(batch_size, self._ahead(batch_size))
-            n_shards = self._target_shards(batch_size)
-            if n_shards != self.n_shards and self.workers:
-                logger.info("update %d: %d shards (were %s)", self.loop.n_updates, n_shards, self.n_shards)
-                self.members.replace()
-        finally:
-            self._resizing = None
-
-    def _check_memory(self, owner: list[str], workers: list[str]) -> None:
-        """Refuse a fit's first placement when it gives a worker more examples than its
-        ``memory_limit`` holds, before any block moves (a worker over its limit dies, restarts and
-        dies again).  Later placements (a cluster that shrank), and a first one on a cluster that
-        may still grow for the fit, only warn: the fit keeps its weights and may go on."""
-        per_example = self.data.bytes_per_example()
-        if per_example is None:  # read example by example: nothing is placed
-            return
-        examples = dict.fromkeys(workers, 0)
-        for b, w in enumerate(owner):
-            examples[w] += len(self.placement.rows(b))
-        info = self.members.latest  # the watcher's latest look (memory limits do not change)
-        if info is None or not set(workers) <= set(info):
-            info = cl.scheduler_info(self.client)["workers"]
-        for w in workers:
-            limit = info.get(w, {}).get("memory_limit") or 0  # 0: no limit
-            needed = examples[w] * per_example
-            if limit and needed > limit:
-                error = ValueError(
-                    f"The training data needs {format_bytes(needed)} per worker on {len(workers)} worker(s) "
-                    f"({examples[w]} examples of {per_example} bytes on {w}), more than its memory_limit "
-                    f"of {format_bytes(limit)}. Use more workers (min_workers=...: a fit trains on the workers its "
-                    "batch wants), workers with a larger "
-                    "memory_limit, or pass a torch Dataset as X (read example by example, never held whole)."
-                )
-                may_grow = self.policy.scale and len(workers) < self.policy.max_workers
-                if getattr(self, "_placed", False) or may_grow:
-                    logger.warning("%s", error)
-                    return
-                raise error
-
     # ------------------------------------------------------------------ one update
     def _next_batch(self) -> Batch:
         """Look at the workers, ask the damper for the batch size (and size the cluster for it),
@@ -513,13 +340,6 @@ class Backend(abc.ABC):
         # chunk statistics: each shard is a sample when the batch is cut into several, else a share's halves
         n_chunks = 0 if need != "chunks" else 1 if (self.n_shards or 1) > 1 and len(idx) > 1 else 2
         return Batch(state, idx, epoch, ahead, need, n_chunks, start, batch_size)
-
-    def _worker_budget(self, running: int) -> int:
-        """The most workers this fit may train on: ``max_workers`` when it scales the cluster,
-        else the workers the cluster runs or plans (at most ``max_workers``)."""
-        if self.policy.scale:
-            return self.policy.max_workers
-        return min(self.policy.max_workers, max(running, self.members.planned(), 1))
 
     def update(self) -> dict:
         """One model update; returns its row of the history (the damper is shown its record and
