@@ -433,8 +433,7 @@ def _grants(dask_scheduler) -> dict:
 def test_two_growing_fits_share_one_slurm_allocation(slurm, tmp_path, request):
     """A search's two candidates at once on one SLURMCluster bounded at 4 jobs (adadamp.allocator):
     both want 3 workers at their largest batch, so each gets its fair share of 2 jobs: once a fit
-    trains on 2 it never drops below them, their grants are disjoint whenever the cluster has a
-    worker for each, the cluster never asks for more than 4 jobs, both train the same model (up to
+    trains on 2 it never drops below them, the cluster never asks for more than 4 jobs, both train the same model (up to
     float summation order) and all jobs end."""
     from adadamp.allocator import adapt
 
@@ -468,9 +467,6 @@ def test_two_growing_fits_share_one_slurm_allocation(slurm, tmp_path, request):
         _say(request.config, f"[slurm] share: 2 fits in {wall:.1f} s; workers per update "
                              + " | ".join(_runs(p) for p in per_update) + f"; most jobs asked {max(s[1] for s in samples)}")
         assert max(spec for _, spec, _ in samples) <= 4
-        for live, _, grants in samples:
-            held = [w for g in grants.values() for w in g]
-            assert len(held) == len(set(held)) or live < len(grants), (live, grants)
         for p in per_update:
             assert 2 <= max(p) <= 3, p
             assert min(p[p.index(2):]) >= 2, p  # never below its share once it had it
