@@ -91,7 +91,7 @@ def test_a_category_column_is_refused_before_any_cluster_work():
 
 def test_the_named_fix_trains_on_a_category_column(client):
     """dask-ml's Categorizer and DummyEncoder before the estimator, as the error says."""
-    dask_ml = pytest.importorskip("dask_ml.preprocessing")
+    dask_ml = pytest.importorskip("dask_ml.preprocessing", reason="dask-ml is in the test extra: pip install -e .[test]")
     from sklearn.pipeline import make_pipeline
 
     X, y = _frame_with_a_category()
