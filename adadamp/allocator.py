@@ -184,6 +184,13 @@ class Allocator(SchedulerPlugin):
                 grant.remove(worker)
         self._divide()
 
+    def log_event(self, topic: str, msg) -> None:
+        """A worker registers as starting and reports running a moment later (Dask's
+        ``worker-status-change`` event): divide again then, so a fit that shares a worker while its
+        own starts moves to it at once."""
+        if isinstance(msg, dict) and msg.get("action") == "worker-status-change":
+            self._divide()
+
     def remove_client(self, scheduler, client: str) -> None:
         """A client that left (closed, or its process killed) releases its fits' workers at once."""
         for fit in [f for f, c in self.clients.items() if c == client]:

@@ -15,7 +15,7 @@ from distributed import Client, LocalCluster
 from torch import nn
 
 from adadamp import DaskRegressor
-from adadamp.allocator import NAME, adapt, divide, shares
+from adadamp.allocator import NAME, adapt, divide, ensure_allocator, shares
 from adadamp.dampers import GeoDamp
 
 
@@ -94,8 +94,14 @@ def _grants(dask_scheduler):
     return {} if allocator is None else {f: list(g) for f, g in allocator.grants.items()}
 
 
+def _running_and_grants(dask_scheduler):
+    """In one look (the scheduler's loop): the running workers and the grants."""
+    running = sum(ws.status.name == "running" for ws in dask_scheduler.workers.values())
+    return running, _grants(dask_scheduler)
+
+
 class Watch:
-    """Samples the cluster every 0.1 s while fits run: its worker count and the allocator's grants."""
+    """Samples the cluster every 0.1 s while fits run: its running workers and the allocator's grants."""
 
     def __init__(self, client):
         self.client, self.samples, self._stop = client, [], threading.Event()
@@ -105,8 +111,7 @@ class Watch:
     def _run(self):
         while not self._stop.is_set():
             with self.client.as_current():
-                n = len(self.client.scheduler_info()["workers"])
-                self.samples.append((n, self.client.run_on_scheduler(_grants)))
+                self.samples.append(self.client.run_on_scheduler(_running_and_grants))
             time.sleep(0.1)
 
     def stop(self):
@@ -147,6 +152,24 @@ def test_a_fit_that_starts_never_takes_a_worker_another_fit_holds(growing_cluste
         # one of A's rather than wait (adadamp.allocator.divide)
         assert len(held) == len(set(held)) or n < 4, (n, grants)
     np.testing.assert_array_equal(_weights(results["a"]), _weights(alone))  # the grant changes nothing trained
+
+
+def test_a_fit_sharing_a_worker_moves_to_the_new_one_as_soon_as_it_runs(growing_cluster):
+    """A worker registers as starting and reports running a moment later: the grants are divided
+    again then, not at the fits' next renewal (none happens here)."""
+    cluster, client = growing_cluster
+    client.wait_for_workers(1)
+    ensure_allocator(client)
+    for fit in ("a", "b"):
+        client.sync(client.scheduler.adadamp_allocate, fit=fit, want=1, ahead=1, most=1, least=1)
+    first = client.run_on_scheduler(_running_and_grants)
+    assert first[1]["a"] == first[1]["b"]  # one worker: b shares a's
+    cluster.scale(2)
+    deadline = time.monotonic() + 60
+    while (look := client.run_on_scheduler(_running_and_grants))[0] < 2:
+        assert time.monotonic() < deadline, "the second worker never ran"
+        time.sleep(0.02)
+    assert not set(look[1]["a"]) & set(look[1]["b"]), look
 
 
 def test_a_fit_that_does_not_scale_never_grows_the_cluster(growing_cluster, data):
