@@ -28,6 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import cloudpickle
+import dask
 import numpy as np
 import torch
 from distributed import WorkerPlugin
@@ -83,6 +84,16 @@ def _set_native_malloc() -> None:
         libc.mallopt(m_trim_threshold, 128 * 2**20)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+def _trim() -> None:
+    """Return the heap's free memory to the system (glibc's ``malloc_trim``): blocks below the mmap
+    threshold :func:`_set_native_malloc` raised live on the heap, and a streamed fit frees a
+    window's worth of them at a time, which the process would otherwise keep (Dask counts it)."""
+    path = ctypes.util.find_library("c")
+    if path:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(path).malloc_trim(0)
 
 
 class _ForgetRemovedWorkers:
@@ -295,6 +306,8 @@ class Trainer:
         def update():
             state = self.fits[move.fit_id]
             state.update_blocks(move.add, move.drop)
+            if move.drop and not move.add:  # streamed blocks whose window passed: give their memory back
+                _trim()
             return sorted(state.block_index)
 
         return to_message(BlocksReply(await self._run(update)))
@@ -378,6 +391,13 @@ def load_block(fit_id: str, block: int, start: int, X, y) -> int:
     y = np.ascontiguousarray(np.asarray(y))
     state.update_blocks([Block(block, np.arange(start, start + len(X)), X, y)], [], borrowed=True)
     return len(X)
+
+
+def stream_block(fit_id: str, block: int, start: int, graph: bytes) -> int:
+    """Compute block ``block`` of a streamed dask collection here, from its pickled graph (its
+    lineage: read from storage or generated), and place it for the fit; returns its examples."""
+    X, y = dask.compute(*cloudpickle.loads(graph), scheduler="sync")
+    return load_block(fit_id, block, start, X, y)
 
 
 def compute(
