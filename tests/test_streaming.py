@@ -197,3 +197,32 @@ def test_720_mb_on_two_workers_of_1_gib_fits():
     assert est.meta_["data"] == "streamed"
     assert est.history_[-1]["n_samples_seen"] == 60_000_000
     assert max(peak) < 0.8 * 2**30, f"a worker reached {max(peak) / 2**20:.0f} MiB (Dask pauses it at 80%)"
+
+
+def test_streamed_data_works_with_checkpoints_weights_partial_fit_and_speed_shares(three_workers, tmp_path):
+    """A streamed fit stopped mid-epoch and resumed from its checkpoint ends bitwise where the
+    uninterrupted one does; sample weights train as on persisted data (same examples, same order
+    but for the order's own window); partial_fit and shares='speed' train to the end."""
+    from test_elastic import StopAt, Stopped
+
+    client = three_workers
+    X, y = _data(n=3000)
+    w = da.random.RandomState(2).uniform(0.5, 2.0, size=3000, chunks=500)
+    params = {"module": Wide, "optimizer": torch.optim.SGD, "optimizer__lr": 0.05, "optimizer__momentum": 0.9,
+              "max_epochs": 2, "random_state": 3, "dask_data": "stream", "client": client, "batch_size": 100}
+    with dask.config.set({"adadamp.stream.window": 2}):
+        whole = DaskClassifier(**params).fit(X, y)
+        path = tmp_path / "ckpt.pt"
+        stopped = DaskClassifier(callbacks=[("stop", StopAt(stop=41))], checkpoint=path, checkpoint_every=4, **params)
+        with pytest.raises(Stopped):
+            stopped.fit(X, y)
+        resumed = DaskClassifier(checkpoint=path, **params).fit(X, y)
+        np.testing.assert_array_equal(_weights(resumed), _weights(whole))
+        weighted = DaskClassifier(**params).fit(X, y, sample_weight=w)
+        assert weighted.meta_["data"] == "streamed"
+        assert not np.array_equal(_weights(weighted), _weights(whole))  # the weights weigh
+        est = DaskClassifier(**{**params, "shares": "speed"})
+        for _ in range(2):
+            est.partial_fit(X, y, classes=[0, 1])
+        assert est.history_[-1]["n_samples_seen"] == 2 * 3000
+        assert est.score(X, y) > 0.8

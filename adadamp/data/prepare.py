@@ -156,10 +156,7 @@ def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validat
         )
     if stream:  # blocks small enough for a worker to hold the windows it needs; no matter how many workers
         window = streaming.window()
-        rows = memory.stream_rows([X, y, *weights], workers, window, streaming.WINDOWS_HELD)
-        if rows is not None and max(X.chunks[0]) > rows:
-            pieces = memory.split(X.chunks[0], rows)
-            X, y = X.rechunk({0: pieces}), y.rechunk({0: pieces})
+        rows = memory.stream_rows([X, y, *weights], workers, window, streaming.WINDOWS_HELD)  # refused here at once
     else:
         X, y = convert.engine_blocks(X, y, n_workers=max(1, len(workers)))
     if len(X.chunks[0]) != parts:
@@ -179,6 +176,11 @@ def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validat
         memory.check_fits([X, y] if sample_weight is None else [X, y, w], workers)
     with client.as_current():
         (checked,) = dask.compute(checks)  # one pass on the cluster; only these scalars come back
+    if stream and rows is not None:  # what the workers hold now that they have read the data once (pyarrow...)
+        rows = memory.stream_rows([X, y, *weights], memory.look(client), window, streaming.WINDOWS_HELD)
+        if max(X.chunks[0]) > rows:
+            pieces = memory.split(X.chunks[0], rows)
+            X, y = X.rechunk({0: pieces}), y.rechunk({0: pieces})
     logger.info("dask data: %d examples in %d partitions, checked on the cluster in %.2f s",
                 X.shape[0], len(X.chunks[0]), time.perf_counter() - start)
     if not checked["finite"]:

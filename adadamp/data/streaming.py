@@ -29,8 +29,10 @@ import logging
 
 import cloudpickle
 import dask
+import dask.core
 import numpy as np
 from dask.base import tokenize
+from dask.optimization import cull
 from distributed import Client, Future
 
 from ..records import BlockMove
@@ -139,6 +141,8 @@ class StreamedDaskData(DataSource):
         self.lengths = [int(n) for n in X.chunks[0]]
         self.window = window
         self._graphs: dict[int, bytes] = {}
+        self._tasks: dict | None = None  # the whole graph of X and y, optimized
+        self._keys: tuple[list, list] = ([], [])  # each block's key in X and in y
         self.loaded: dict[str, set[int]] = {}  # worker -> the blocks it holds
         self.pending: dict[tuple[str, int], Future] = {}  # (worker, block) -> its loading task
 
@@ -163,10 +167,16 @@ class StreamedDaskData(DataSource):
         return {}
 
     def _graph(self, block: int) -> bytes:
-        """Block ``block``'s inputs and targets as a culled graph, pickled (made once)."""
+        """Block ``block``'s inputs and targets as the tasks that make them and their two keys,
+        pickled (made once from the whole graph, optimized and materialized once)."""
+        if self._tasks is None:
+            X, y = dask.optimize(self.X, self.y)
+            self._tasks = {**dict(X.__dask_graph__()), **dict(y.__dask_graph__())}
+            self._keys = (list(dask.core.flatten(X.__dask_keys__())), list(dask.core.flatten(y.__dask_keys__())))
         if block not in self._graphs:
-            X, y = dask.optimize(self.X.blocks[block], self.y.blocks[block])
-            self._graphs[block] = cloudpickle.dumps((X, y))
+            keys = [self._keys[0][block], self._keys[1][block]]
+            tasks, _ = cull(self._tasks, keys)
+            self._graphs[block] = cloudpickle.dumps((tasks, keys))
         return self._graphs[block]
 
     def stage(self, transport: Transport, placement: Placement, workers: list[str], epoch: int,

@@ -281,6 +281,9 @@ class Trainer:
         # state, and with it the fit's mapping of the client's data, goes now, not at the next full
         # garbage collection (until then every finished fit's data stayed in /dev/shm: 183 MB per W1 fit).
         state.channel = state.replica = None
+        if state.data.block_index:  # its blocks go now, and the heap they were on goes back to the system
+            state.update_blocks([], list(state.data.block_index))
+            _trim()
 
     def _drop_idle_fits(self) -> None:
         """Drop fits whose client has sent nothing for ``IDLE_SECONDS`` (a client killed without a channel)."""
@@ -394,9 +397,11 @@ def load_block(fit_id: str, block: int, start: int, X, y) -> int:
 
 
 def stream_block(fit_id: str, block: int, start: int, graph: bytes) -> int:
-    """Compute block ``block`` of a streamed dask collection here, from its pickled graph (its
-    lineage: read from storage or generated), and place it for the fit; returns its examples."""
-    X, y = dask.compute(*cloudpickle.loads(graph), scheduler="sync")
+    """Compute block ``block`` of a streamed dask collection here, from its pickled tasks (its
+    lineage: read from storage or generated) and its two keys, and place it for the fit;
+    returns its examples."""
+    tasks, keys = cloudpickle.loads(graph)
+    X, y = dask.get(tasks, keys)  # in this thread: the block is read where it is trained on
     return load_block(fit_id, block, start, X, y)
 
 
