@@ -158,7 +158,7 @@ def _dask_ml_incremental_broken() -> bool:
 #: dask-ml's incremental searches (IncrementalSearchCV, SuccessiveHalvingSearchCV, HyperbandSearchCV) on
 #: dask 2025.3.0 or newer, as docs/quickstart.rst says: they work on dask 2024.1 (CI's minimums job)
 _INCREMENTAL_REASON = (
-        "upstream issue: dask-ml 2025.1.0 and older's incremental searches fail with dask 2025.3.0 and newer: "
+    "upstream issue: dask-ml 2025.1.0 and older's incremental searches fail with dask 2025.3.0 and newer: "
     "dask_ml/model_selection/_incremental.py calls dask.persist inside the client's event loop and raises "
     "'RuntimeError: Attempting to use an asynchronous Client in a synchronous context of `dask.compute`' "
     "(dask/dask-ml#1016, open; with any estimator, SGDClassifier too)"
