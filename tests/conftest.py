@@ -55,9 +55,30 @@ def session_client(cluster):
 
 @pytest.fixture
 def client(session_client):
-    """The shared client, made current so estimators with client=None use it."""
+    """The shared client, made current so estimators with client=None use it, on the cluster's two
+    workers (an earlier test's growing fit leaves it more, kept warm for the idle timeout)."""
+    back_to_two(session_client)
     with session_client.as_current():
         yield session_client
+
+
+def back_to_two(client, timeout: float = 60.0) -> None:
+    """Shrink the session's cluster to its two workers through adadamp's own adaptive (graceful
+    retirement of the workers no fit holds), then let it grow again for the tests that want it."""
+    import math
+    import time
+
+    from adadamp import allocator
+
+    if len(client.scheduler_info()["workers"]) <= 2:
+        return
+    allocator.ensure_allocator(client)  # the adaptive asks the scheduler's allocator what to keep
+    adaptive = allocator.adapt(client.cluster, minimum=2, maximum=2, idle=0)
+    adaptive.minimum = 2  # an adaptive made earlier keeps the minimum it was made with
+    deadline = time.monotonic() + timeout
+    while len(client.scheduler_info()["workers"]) > 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    adaptive.maximum, adaptive.idle = math.inf, None
 
 
 def fits_on_workers(client) -> set[str]:

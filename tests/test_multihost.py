@@ -17,6 +17,7 @@ import dask
 import numpy as np
 import pytest
 import torch
+from conftest import back_to_two
 from distributed import Client, Security
 from sklearn.datasets import make_classification
 
@@ -140,6 +141,7 @@ def bed(netbed_ready):
 def one_host(session_client, data):
     """Each backend's weights on one host (the session's LocalCluster of two workers), and what its
     workers' set-ups used: shared memory there, so that 'none on the bed' means something."""
+    back_to_two(session_client)
     results = {}
     for backend in (PS, AR):
         before = session_client.run(_stats)
