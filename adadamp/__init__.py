@@ -27,64 +27,14 @@ _EXPORTS = {
     "MlflowLogger": "loggers",  # skorch's spelling
     "ProgressBar": "callbacks",
     "close_embedded_cluster": "embedded",
-    **{
-        name: "dampers"
-        for name in (
-            "AdaDamp",
-            "AdaScale",
-            "AdamScale",
-            "BaseDamper",
-            "CntsDampLR",
-            "Constant",
-            "DynamicSGD",
-            "GeoDamp",
-            "GeoDampLR",
-            "Goodput",
-            "GradientDescent",
-            "PadaDamp",
-            "RadaDamp",
-            "Seesaw",
-        )
-    },
+    # The dampers a user picks by name; their helpers (TrainState, count_updates, ...) stay in adadamp.dampers.
+    **dict.fromkeys(("AdaDamp", "AdaScale", "AdamScale", "BaseDamper", "CntsDampLR", "Constant", "DynamicSGD",
+                     "GeoDamp", "GeoDampLR", "Goodput", "GradientDescent", "PadaDamp", "RadaDamp", "Seesaw"), "dampers"),
 }
 _SUBMODULES = ("callbacks", "checkpoint", "cluster", "dampers", "embedded", "engine", "estimators", "loggers", "plot", "simulate")
 
-__all__ = [
-    "MLP",
-    "AdaDamp",
-    "AdaScale",
-    "AdamScale",
-    "BaseDamper",
-    "BaseDaskEstimator",
-    "Callback",
-    "Checkpoint",
-    "CntsDampLR",
-    "Constant",
-    "ConvergenceError",
-    "DaskBaseDamper",
-    "DaskClassifier",
-    "DaskRegressor",
-    "DynamicSGD",
-    "EarlyStopping",
-    "GeoDamp",
-    "GeoDampLR",
-    "Goodput",
-    "GradientDescent",
-    "InvalidParameterError",
-    "LRScheduler",
-    "MLflowLogger",
-    "NoWorkersError",
-    "PadaDamp",
-    "ProgressBar",
-    "RadaDamp",
-    "SchedulerLostError",
-    "Seesaw",
-    "TensorBoard",
-    "close_embedded_cluster",
-    "dampers",
-    "plot",
-    "simulate",
-]
+#: Every name above but skorch's spelling of MLflowLogger, and the submodules with public functions.
+__all__ = [name for name in _EXPORTS if name != "MlflowLogger"] + ["dampers", "plot", "simulate"]
 
 
 def __getattr__(name: str):

@@ -14,9 +14,10 @@ back-to-back fits find them warm.  Retiring goes through ``Adaptive.scale_down``
 retires the workers gracefully before the cluster closes them.
 
 Division: when the wants exceed what the cluster may have, each fit gets an equal share of the
-workers (max-min fair: a fit that wants less than its share leaves the rest to the others), as
-Pollux re-divides a cluster among jobs (Qiao et al. OSDI'21, section 4.2) but without restarts:
-a grant changes between two updates.  A fit keeps the workers it holds up to its share, so
+workers (max-min fair: a fit that wants less than its share leaves the rest to the others); the
+fits that predict their speedup per worker count (``Goodput``) divide their shares together by
+marginal speedup, as Pollux re-divides a cluster among jobs (Qiao et al. OSDI'21, section 4.2)
+but without restarts: a grant changes between two updates.  A fit keeps the workers it holds up to its share, so
 grants move only when they must.  A fit whose client leaves the scheduler loses its grant at
 once; one that stops renewing it otherwise, after ``LEASE`` seconds.
 """
@@ -55,9 +56,10 @@ def idle_timeout() -> float:
                          "a string such as '30 s'.") from err
 
 
-def shares(wants: dict[str, int], capacity: float) -> dict[str, int]:
+def shares(wants: dict[str, int], capacity: float, speedups: dict[str, list[float]] | None = None) -> dict[str, int]:
     """Max-min fair shares of ``capacity`` workers among fits that want ``wants`` (in the dict's
-    order: the earlier fit gets a remainder first).
+    order: the earlier fit gets a remainder first); the fits with a predicted speedup curve
+    (``speedups``) then divide their shares together by it (:func:`by_speedup`).
 
     Examples
     --------
@@ -65,7 +67,41 @@ def shares(wants: dict[str, int], capacity: float) -> dict[str, int]:
     {'a': 4, 'b': 1, 'c': 3}
     >>> shares({"a": 2, "b": 3}, math.inf)
     {'a': 2, 'b': 3}
+    >>> shares({"a": 4, "b": 4}, 4, speedups={"a": [1, 1.1, 1.2, 1.3], "b": [1, 2, 3, 3.9]})
+    {'a': 1, 'b': 3}
     """
+    fair = _fair(wants, capacity)
+    return fair if not speedups else by_speedup(fair, wants, speedups)
+
+
+def by_speedup(fair: dict[str, int], wants: dict[str, int], speedups: dict[str, list[float]]) -> dict[str, int]:
+    """The fair shares of the fits with a speedup curve pooled and dealt again among them: one
+    worker each, then one at a time to the fit whose predicted speedup grows most with it.
+
+    ``speedups[f][k - 1]`` is fit ``f``'s predicted speedup (goodput against one worker's) on
+    ``k`` workers.  Pollux re-divides a cluster to maximize the sum of its jobs' speedups (Qiao et
+    al. OSDI'21, section 4.2); on curves that grow less with each worker, this greedy deal is that
+    maximum.  A worker no fit's speedup grows with stays in no share (the others' fair shares
+    stand).  Here a share changes between two updates, where Pollux restarts the job.
+    """
+    fits = [f for f in wants if wants[f] > 0 and speedups.get(f)]
+    pool = sum(fair[f] for f in fits)
+    out = {f: (0 if f in fits else n) for f, n in fair.items()}
+    for f in fits:
+        if pool >= 1:
+            out[f], pool = 1, pool - 1
+    while pool >= 1:
+        gain = {f: speedups[f][out[f]] - speedups[f][out[f] - 1] for f in fits
+                if 0 < out[f] < min(wants[f], len(speedups[f]))}
+        best = max(gain, key=lambda f: (gain[f], -fits.index(f)), default=None)
+        if best is None or gain[best] <= 0:
+            break
+        out[best] += 1
+        pool -= 1
+    return out
+
+
+def _fair(wants: dict[str, int], capacity: float) -> dict[str, int]:
     if math.isinf(capacity):
         return {f: max(0, w) for f, w in wants.items()}
     left, out = capacity, dict.fromkeys(wants, 0)
@@ -84,8 +120,13 @@ def shares(wants: dict[str, int], capacity: float) -> dict[str, int]:
 
 
 def divide(workers: list[str], wants: dict[str, int], held: dict[str, list[str]], capacity: float,
-           least: dict[str, int] | None = None) -> dict[str, list[str]]:
+           least: dict[str, int] | None = None, speedups: dict[str, list[float]] | None = None,
+           potential: dict[str, int] | None = None) -> dict[str, list[str]]:
     """Disjoint grants of ``workers`` (live, in the order to hand them out) to the fits' ``wants``.
+
+    ``speedups`` and ``potential``: the fits that predict their speedup divide by it
+    (:func:`shares`) what they could use (``potential``, their ``max_workers``), and are granted
+    at most what they want now.
 
     Each fit keeps the workers it ``held`` up to its share of ``capacity`` (the most workers the
     cluster may have); free workers go to the fits below their share, earliest fit first.  A fit
@@ -104,7 +145,8 @@ def divide(workers: list[str], wants: dict[str, int], held: dict[str, list[str]]
     >>> divide(["w1", "w2"], {"a": 2, "b": 2}, {}, capacity=2, least={"a": 2, "b": 2})
     {'a': ['w1', 'w2'], 'b': ['w2', 'w1']}
     """
-    share = shares(wants, max(capacity, len(workers)))
+    share = shares({**wants, **(potential or {})}, max(capacity, len(workers)), speedups)
+    share = {f: min(share[f], w) for f, w in wants.items()}
     live, taken = set(workers), set()
     grants = {}
     for fit in wants:
@@ -143,6 +185,7 @@ class Allocator(SchedulerPlugin):
         self.most: dict[str, int] = {}  # fit -> its max_workers
         self.least: dict[str, int] = {}  # fit -> its min_workers
         self.scaled: dict[str, bool] = {}  # fit -> whether it asked the cluster to grow for it (scale_cluster)
+        self.speedups: dict[str, list[float]] = {}  # fit -> its predicted speedup on 1, 2, ... workers (Goodput)
         self.clients: dict[str, str] = {}  # fit -> the id of the Dask client that declared it
         self.grants: dict[str, list[str]] = {}
         self.renewed: dict[str, float] = {}
@@ -198,10 +241,12 @@ class Allocator(SchedulerPlugin):
 
     # ------------------------------------------------------------------ fits
     def allocate(self, fit: str, want: int | None = None, ahead: int | None = None, most: int | None = None,
-                 least: int = 1, client: str | None = None, scaled: bool = False) -> dict:
+                 least: int = 1, client: str | None = None, scaled: bool = False,
+                 speedups: list[float] | None = None) -> dict:
         """Declare (``want``, ``ahead``; ``most`` and ``least``: its ``max_workers`` and ``min_workers``;
-        ``client``: the declaring client's id; ``scaled``: the fit had the cluster adapt) or renew
-        (None) ``fit``'s wants; its grant and what the fit needs to plan ahead."""
+        ``client``: the declaring client's id; ``scaled``: the fit had the cluster adapt;
+        ``speedups``: its predicted speedup on 1, 2, ... workers) or renew (None) ``fit``'s wants;
+        its grant and what the fit needs to plan ahead (``share``: the most workers it may have)."""
         now = time.monotonic()
         self._expire(now)
         self.sized = self.sized or scaled
@@ -212,18 +257,28 @@ class Allocator(SchedulerPlugin):
             self.most[fit] = int(most or self.wants[fit][1])
             self.least[fit] = int(least)
             self.scaled[fit] = bool(scaled)
+            if speedups:
+                self.speedups[fit] = [float(v) for v in speedups]
+            else:
+                self.speedups.pop(fit, None)
         elif fit not in self.wants:
             return {"grant": None, "start_latency": self.start_latency}  # ended, or lost its lease
         self.renewed[fit] = now
         self._divide()
-        share = shares({f: w[1] for f, w in self.wants.items()}, self._capacity()).get(fit, 0)
+        share = shares(self._division_wants(), self._capacity(), self.speedups).get(fit, 0)
         return {"grant": list(self.grants.get(fit, [])), "share": share, "start_latency": self.start_latency}
+
+    def _division_wants(self) -> dict[str, int]:
+        """What each fit's share is cut from: what it wants ahead, or, for a fit that predicts its
+        speedup, every worker it may use (its curve says what more would give it)."""
+        return {f: (self.most[f] if f in self.speedups else w[1]) for f, w in self.wants.items()}
 
     def release(self, fit: str) -> None:
         self.wants.pop(fit, None)
         self.most.pop(fit, None)
         self.least.pop(fit, None)
         self.scaled.pop(fit, None)
+        self.speedups.pop(fit, None)
         self.clients.pop(fit, None)
         self.renewed.pop(fit, None)
         now = time.monotonic()
@@ -241,7 +296,8 @@ class Allocator(SchedulerPlugin):
             return
         wants = {f: w[1] for f, w in self.wants.items()}  # ahead: the workers a fit sets up beforehand too
         before = {w for g in self.grants.values() for w in g}
-        self.grants = divide(self._live(), wants, self.grants, self._capacity(), self.least)
+        potential = {f: self.most[f] for f in self.speedups if f in self.wants}
+        self.grants = divide(self._live(), wants, self.grants, self._capacity(), self.least, self.speedups, potential)
         now = time.monotonic()
         held = {w for g in self.grants.values() for w in g}
         for w in held | before:
@@ -376,14 +432,17 @@ class Grant:
         self.share = 0  # the workers the fit's fair share allows (its want when the cluster has room)
         self.start_latency: float | None = None
         self.declared: tuple[int, int] | None = None
+        self.speedups: list[float] | None = None  # the damper's predicted speedup on 1, 2, ... workers
+        self._sent_speedups: list[float] | None = None
 
     def declare(self, want: int, ahead: int) -> None:
-        """Tell the allocator what the fit wants now and ahead (only when it changed)."""
-        if self.declared == (want, ahead) and self.workers is not None:
+        """Tell the allocator what the fit wants now and ahead (only when it or the speedups changed)."""
+        if self.declared == (want, ahead) and self.workers is not None and self._sent_speedups == self.speedups:
             return
-        self.declared = (want, ahead)
+        self.declared, self._sent_speedups = (want, ahead), self.speedups
         self._take(self.client.sync(self.client.scheduler.adadamp_allocate, fit=self.fit, want=want, ahead=ahead,
-                                    most=self.most, least=self.least, client=self.client.id, scaled=self.scaled))
+                                    most=self.most, least=self.least, client=self.client.id, scaled=self.scaled,
+                                    speedups=self.speedups))
 
     async def renew(self) -> None:
         """Renew the lease (the membership watcher's loop, every look); declare again if the
@@ -395,7 +454,7 @@ class Grant:
             want, ahead = self.declared
             reply = await self.client.scheduler.adadamp_allocate(fit=self.fit, want=want, ahead=ahead, most=self.most,
                                                                  least=self.least, client=self.client.id,
-                                                                 scaled=self.scaled)
+                                                                 scaled=self.scaled, speedups=self._sent_speedups)
         self._take(reply)
 
     def _take(self, reply: dict) -> None:

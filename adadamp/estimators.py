@@ -163,6 +163,11 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         Hold out this fraction of ``X`` (seeded) and record ``valid_loss``
         per epoch (for ``EarlyStopping``).  None: no internal split, so
         ``GridSearchCV`` does the validating.
+    dask_data : {"auto", "persist", "stream"}, default="auto"
+        How a dask ``X`` reaches the workers: persisted there for the whole
+        fit, or streamed through them a few blocks at a time (each epoch in
+        a seeded windowed order; see the data guide).  "auto" streams when
+        persisting would not fit in the workers' memory.
     dataset_threads : int, default=2
         Threads per worker that read a lazy torch Dataset's examples, the
         next update's while this one computes (as ``DataLoader(num_workers=...)``).
@@ -246,6 +251,7 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         "shares": (constraints.OneOf(lambda: ("equal", "speed")),),
         "checkpoint_every": (None, constraints.Integer(1)),
         "validation_fraction": (None, constraints.Unit()),
+        "dask_data": (constraints.OneOf(lambda: ("auto", "persist", "stream")),),
         "dataset_threads": (constraints.Integer(1),),
         "dataset_cache": (constraints.Boolean(),),
         "verbose": (constraints.Integer(0), constraints.Boolean()),
@@ -274,6 +280,7 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         checkpoint=None,
         checkpoint_every: int | None = None,
         validation_fraction: float | None = None,
+        dask_data: str = "auto",
         dataset_threads: int = 2,
         dataset_cache: bool = False,
         callbacks=None,
@@ -303,6 +310,7 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
         self.validation_fraction = validation_fraction
+        self.dask_data = dask_data
         self.dataset_threads = dataset_threads
         self.dataset_cache = dataset_cache
         self.callbacks = callbacks
@@ -443,14 +451,12 @@ class DaskClassifier(ClassifierPredictMixin, BaseDaskEstimator):
 
         Parameters
         ----------
-        X, y
+        X, y, sample_weight
             As for :meth:`fit`.
         classes : array-like, optional
             Every label the classifier will see.  Needed on the first call
             when its ``y`` may lack some labels (labels are fixed by the
             first call); ignored afterwards.
-        sample_weight : array-like of shape (n_samples,), default=None
-            As for :meth:`fit`.
 
         Returns
         -------

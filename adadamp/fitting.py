@@ -157,6 +157,7 @@ class FitMixin:
                 seed=functools.partial(building.draw_seed, self.random_state) if fresh else lambda: self.loop_.seed,
                 validation_fraction=self.validation_fraction,
                 loading={"threads": int(self.dataset_threads), "cache": bool(self.dataset_cache)},
+                dask_data=self.dask_data, streams=self.backend != "allreduce",
             )
             if fresh:
                 state = building.initial_state(params, made, targets)
@@ -185,6 +186,7 @@ class FitMixin:
             finally:
                 del self._training_state
         self._commit(state)
+        self._data_path = made.path
         return self
 
     def _commit(self, state: TrainingState) -> None:
@@ -265,8 +267,10 @@ class FitMixin:
         """Read-only summary of the fitted state (adadamp's ``meta_``).
 
         Keys: ``n_updates``, ``n_samples_seen``, ``epochs`` (the epoch
-        clock), and from the last epoch's row of ``history_``:
-        ``batch_size``, ``lr``, ``n_workers`` and ``train_loss``.
+        clock), from the last epoch's row of ``history_``: ``batch_size``,
+        ``lr``, ``n_workers`` and ``train_loss``, and ``data``: how the last
+        call's examples reached the workers ("sent", "persisted",
+        "streamed" or "read").
 
         Examples
         --------
@@ -274,7 +278,7 @@ class FitMixin:
         570
         """
         check_is_fitted(self)
-        return porting.meta(self.loop_, self.history_)
+        return porting.meta(self.loop_, self.history_, data=getattr(self, "_data_path", None))
 
 
 def is_fitted(est) -> bool:

@@ -12,9 +12,11 @@ against ``x``:
   previous epochs' ``dur`` plus the update times so far in this epoch, so the
   axis grows with every update.
 
-Per update, the batch size drawn is the schedule's: the last batch of a data
-epoch holds the examples left (e.g. 3), fewer than the schedule asked for, and
-is drawn at the size before it, rather than as a dip every epoch.
+Per update, the batch size and learning rate drawn are the schedule's: the
+last batch of a data epoch holds the examples left (e.g. 3), fewer than the
+schedule asked for, and is drawn at the size and learning rate of the update
+before it (AdaScale and Goodput give a small batch a small step), rather than
+as a dip every data epoch.
 New figures use matplotlib's constrained layout, so that a plain
 ``fig.savefig`` keeps the axis labels inside the image.
 
@@ -98,27 +100,40 @@ def _check_x(x: str) -> str:
     return axis
 
 
-def _schedule_batch_sizes(updates: Sequence[Sequence[dict]]) -> list[int]:
-    """Each update's batch size as the schedule set it, from the update records of each epoch.
+def _ragged(updates: Sequence[Sequence[dict]]) -> list[bool]:
+    """Which updates are a ragged batch, from the update records of each epoch row.
 
-    A batch never straddles two data epochs, so an epoch's last batch holds the examples left,
-    often fewer than the schedule asked for; drawn as they are, these ragged batches look like
-    the schedule dropping and coming back every epoch.  The last update of an epoch smaller than
-    the update before it (in that epoch or the one before) is given that size.
+    A batch never straddles two data epochs, so a data epoch's last batch holds the examples left,
+    often fewer than the schedule asked for; drawn as they are, these batches look like the
+    schedule dropping and coming back every data epoch.  Such a batch is smaller than the batch
+    before it and ends its row, the history, or is followed by a larger batch: with AdaScale's
+    clock an epoch row ends apart from the data epochs, so its ragged batches fall inside a row.
 
     Examples
     --------
-    >>> _schedule_batch_sizes([[{"batch_size": 32}, {"batch_size": 32}, {"batch_size": 3}],
-    ...                       [{"batch_size": 64}, {"batch_size": 3}]])
-    [32, 32, 32, 64, 64]
+    >>> _ragged([[{"batch_size": 32}, {"batch_size": 32}, {"batch_size": 3}],
+    ...          [{"batch_size": 64}, {"batch_size": 5}, {"batch_size": 64}]])
+    [False, False, True, False, True, False]
     """
-    sizes: list[int] = []
-    for epoch in updates:
-        for i, u in enumerate(epoch):
-            size = u["batch_size"]
-            last = i == len(epoch) - 1
-            sizes.append(sizes[-1] if last and sizes and size < sizes[-1] else size)
-    return sizes
+    sizes = [u["batch_size"] for epoch in updates for u in epoch]
+    row_ends = set(np.cumsum([len(epoch) for epoch in updates]) - 1)
+    return [i > 0 and size < sizes[i - 1] and (i in row_ends or i + 1 == len(sizes) or sizes[i + 1] > size)
+            for i, size in enumerate(sizes)]
+
+
+def _scheduled(updates: Sequence[Sequence[dict]], key: str) -> list:
+    """Each update's ``key`` as the schedule set it: a ragged last batch (:func:`_ragged`) takes the
+    value of the update before it.
+
+    Examples
+    --------
+    >>> _scheduled([[{"batch_size": 32, "lr": 0.2}, {"batch_size": 3, "lr": 0.02}]], "lr")
+    [0.2, 0.2]
+    """
+    values: list = []
+    for u, ragged in zip((u for epoch in updates for u in epoch), _ragged(updates), strict=True):
+        values.append(values[-1] if ragged else u[key])
+    return values
 
 
 def _updates(history: list[dict]) -> list[list[dict]]:
@@ -138,8 +153,9 @@ def series(estimator, key: str, x: str = "epoch") -> tuple[np.ndarray, np.ndarra
     key : {"loss", "valid_loss", "batch_size", "lr", "n_workers"}
         ``"valid_loss"`` is recorded once per epoch (``validation_fraction``);
         with ``x="update"`` / ``"time"`` it sits at each epoch's last update.
-        ``"batch_size"`` per update is the schedule's: an epoch's ragged
-        last batch (the examples left) has the size of the update before it.
+        ``"batch_size"`` per update and ``"lr"`` are the schedule's: a data
+        epoch's ragged last batch (the examples left) has the size and the
+        learning rate of the update before it.
     x : {"epoch", "update", "time"}, default="epoch"
         Also ``"epochs"`` and ``"updates"``.
 
@@ -177,13 +193,14 @@ def series(estimator, key: str, x: str = "epoch") -> tuple[np.ndarray, np.ndarra
         raise ValueError(f"key must be one of {', '.join(map(repr, [*QUANTITIES, 'valid_loss']))}; got {key!r}.")
     epoch_key, update_key, _ = QUANTITIES[key]
     if x == "epoch":
-        return (
-            np.asarray([row["epoch"] for row in history], dtype=float),
-            np.asarray([row[epoch_key] for row in history], dtype=float),
-        )
+        ys = [row[epoch_key] for row in history]
+        if key == "lr" and all(row.get("updates") for row in history):  # the row's is its last update's
+            ends = np.cumsum([len(row["updates"]) for row in history]) - 1
+            ys = np.take(_scheduled(_updates(history), update_key), ends)
+        return np.asarray([row["epoch"] for row in history], dtype=float), np.asarray(ys, dtype=float)
     per_epoch = _updates(history)
-    if key == "batch_size":
-        ys = _schedule_batch_sizes(per_epoch)
+    if key in ("batch_size", "lr"):
+        ys = _scheduled(per_epoch, update_key)
     else:
         ys = [u[update_key] for updates in per_epoch for u in updates]
     return _update_xs(history, per_epoch, x), np.asarray(ys, dtype=float)
@@ -292,8 +309,8 @@ def plot_loss(estimator, x: str = "epoch", *, ax: Axes | None = None, label: str
 
 
 @_one_quantity(
-    "Plot the batch size (per epoch: the epoch's largest; per update: the schedule's, each epoch's\n"
-    "    ragged last batch drawn at the size before it).",
+    "Plot the batch size (per epoch: the epoch's largest; per update: the schedule's, each data\n"
+    "    epoch's ragged last batch drawn at the size before it).",
     """
 ax = plot_batch_size(constant, x="update", label="Constant")
 plot_batch_size(geodamp, x="update", ax=ax, label="GeoDamp")
@@ -305,7 +322,8 @@ def plot_batch_size(
     return _draw(estimator, "batch_size", x, ax, label, **kwargs)
 
 
-@_one_quantity("Plot the learning rate (per epoch: the epoch's last; per update: each update's).", 'ax = plot_lr(est, x="time")')
+@_one_quantity("Plot the schedule's learning rate (per epoch: the epoch's last; per update: each update's), each data\n"
+               "    epoch's ragged last batch drawn at the rate before it.", 'ax = plot_lr(est, x="time")')
 def plot_lr(estimator, x: str = "epoch", *, ax: Axes | None = None, label: str | None = None, **kwargs: Any) -> Axes:
     return _draw(estimator, "lr", x, ax, label, **kwargs)
 

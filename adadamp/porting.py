@@ -83,7 +83,7 @@ class Meta(dict):
         raise KeyError(hint if hint is not None else key)
 
 
-def meta(loop, history: list[dict]) -> types.MappingProxyType:
+def meta(loop, history: list[dict], data: str | None = None) -> types.MappingProxyType:
     """A fitted estimator's ``meta_`` (read-only): ``n_updates``, ``n_samples_seen`` and ``epochs``
     from its epoch clock ``loop``, and ``batch_size``, ``lr``, ``n_workers`` and ``train_loss``
     from the last row of ``history``.
@@ -101,7 +101,7 @@ def meta(loop, history: list[dict]) -> types.MappingProxyType:
     last = history[-1] if history else {}
     return types.MappingProxyType(Meta(
         n_updates=loop.n_updates, n_samples_seen=loop.n_samples_seen, epochs=loop.epoch,
-        **{key: last.get(key) for key in ("batch_size", "lr", "n_workers", "train_loss")},
+        **{key: last.get(key) for key in ("batch_size", "lr", "n_workers", "train_loss")}, data=data,
     ))
 
 

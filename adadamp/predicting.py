@@ -24,23 +24,49 @@ from .data import convert
 class _Predictor:
     """What both mixins share: the module's outputs, and the score on the cluster or in memory."""
 
+    #: ``metric(predictions, y, sample_weight)`` on dask collections, run on the cluster.
+    _dask_metric = None
+
     def _forward(self, X):
         """The module's outputs for ``X`` (:func:`adadamp.inference.outputs`)."""
         check_is_fitted(self)
         return inference.outputs(self.module_, X, self, self._client() if convert.is_dataset(X) else None)
 
-    def _score(self, X, y, sample_weight, dask_metric, local_score) -> float:
-        """The score on dask collections by ``dask_metric`` on the cluster, else scikit-learn's mixin's."""
+    def score(self, X, y=None, sample_weight=None) -> float:
+        """Mean accuracy (classifier) or R^2 (regressor) of :meth:`predict` on ``X``, as scikit-learn's.
+
+        Greater is better, so ``GridSearchCV`` picks the best model.  Dask
+        collections and Datasets are scored on the cluster.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, ...) or torch Dataset
+            A map-style Dataset of ``(x, y)`` pairs takes ``y=None``.
+        y : array-like of shape (n_samples,) or (n_samples, n_targets)
+            True labels or targets.
+        sample_weight : array-like of shape (n_samples,), optional
+
+        Returns
+        -------
+        float
+
+        Examples
+        --------
+        >>> DaskClassifier(max_epochs=5).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
+        0.96
+        """
         client = self._client() if convert.is_dataset(X) or convert.is_dask(X) else None  # in memory: no cluster
         X, y = inference.scoring_inputs(X, y, client)
         if convert.is_dask(X):
             with cl.as_current(client):
-                return dask_metric(self.predict(X), y, sample_weight)
-        return local_score(X, y, sample_weight=sample_weight)
+                return self._dask_metric(self.predict(X), y, sample_weight)
+        return super().score(X, y, sample_weight=sample_weight)  # ClassifierMixin's or RegressorMixin's
 
 
-class ClassifierPredictMixin(ClassifierMixin, _Predictor):
+class ClassifierPredictMixin(_Predictor, ClassifierMixin):
     """A fitted classifier's labels (from ``classes_``), probabilities and accuracy."""
+
+    _dask_metric = staticmethod(inference.dask_accuracy)
 
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities, columns in ``classes_`` order.
@@ -69,7 +95,8 @@ class ClassifierPredictMixin(ClassifierMixin, _Predictor):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, ...)
+        X : array-like of shape (n_samples, ...), dask collection or torch Dataset
+            Dask data and Datasets are predicted on the workers.
 
         Returns
         -------
@@ -85,40 +112,19 @@ class ClassifierPredictMixin(ClassifierMixin, _Predictor):
         out = self._forward(X)  # checks that the estimator is fitted, before classes_ is read
         return inference.labels(out, self.classes_)
 
-    def score(self, X, y=None, sample_weight=None) -> float:
-        """Mean accuracy of :meth:`predict` on ``X`` (scikit-learn's ``ClassifierMixin.score``).
 
-        Greater is better, so ``GridSearchCV`` picks the most accurate model.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, ...) or torch Dataset
-            A map-style Dataset of ``(x, y)`` pairs takes ``y=None``.
-        y : array-like of shape (n_samples,)
-            True labels.
-        sample_weight : array-like of shape (n_samples,), optional
-
-        Returns
-        -------
-        float
-
-        Examples
-        --------
-        >>> DaskClassifier(max_epochs=5).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
-        0.96
-        """
-        return self._score(X, y, sample_weight, inference.dask_accuracy, super().score)
-
-
-class RegressorPredictMixin(RegressorMixin, _Predictor):
+class RegressorPredictMixin(_Predictor, RegressorMixin):
     """A fitted regressor's targets (1-d when ``y`` was) and R^2."""
+
+    _dask_metric = staticmethod(inference.dask_r2)
 
     def predict(self, X) -> np.ndarray:
         """Predicted targets, 1-d when ``y`` was 1-d.
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, ...)
+        X
+            As for :meth:`DaskClassifier.predict`.
 
         Returns
         -------
@@ -132,27 +138,3 @@ class RegressorPredictMixin(RegressorMixin, _Predictor):
         """
         out = self._forward(X)
         return out[:, 0] if self._y_1d else out
-
-    def score(self, X, y=None, sample_weight=None) -> float:
-        """Coefficient of determination R^2 of :meth:`predict` on ``X`` (``RegressorMixin.score``).
-
-        1 is a perfect fit; greater is better.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, ...) or torch Dataset
-            A map-style Dataset of ``(x, y)`` pairs takes ``y=None``.
-        y : array-like of shape (n_samples,) or (n_samples, n_targets)
-            True targets.
-        sample_weight : array-like of shape (n_samples,), optional
-
-        Returns
-        -------
-        float
-
-        Examples
-        --------
-        >>> DaskRegressor(max_epochs=50).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
-        0.99
-        """
-        return self._score(X, y, sample_weight, inference.dask_r2, super().score)

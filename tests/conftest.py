@@ -100,6 +100,17 @@ def new_fits(client):
     return lambda: fits_on_workers(client) - earlier
 
 
+@pytest.fixture(scope="module")
+def small_client():
+    """2 single-threaded workers of memory_limit 1 GiB (~450 MB of each held by torch and Dask)."""
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="1GiB", dashboard_address=":0",
+                     silence_logs=logging.ERROR) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        yield client
+
+
 @pytest.fixture(scope="session")
 def regression_data():
     """256 x 8 float32 regression data with standardized targets."""

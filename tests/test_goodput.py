@@ -459,3 +459,22 @@ def test_a_fit_cools_down_over_its_last_epochs_and_partial_fit_never(client, reg
     assert decay[first:] == pytest.approx(expected, rel=1e-9, abs=1e-12) and 0 < decay[-1] < 0.5
     est = DaskRegressor(**params).partial_fit(X, y).partial_fit(X, y)
     assert {r["decay"] for r in _updates(est)} == {1.0}
+
+
+def test_speedups_are_the_best_goodput_per_worker_count_against_one_workers():
+    """What a shared cluster divides by (adadamp.allocator.by_speedup): none before the model is
+    measured; then, per worker count, the best goodput over batch sizes against one worker's; a
+    device whose cost per worker is high predicts less speedup from more workers."""
+    d = Goodput(initial=32, interval=10)
+    d.reset(100_000)
+    assert d.speedups(8) is None
+    _drive(d, 60, _pure_noise, _device)
+    curve = d.speedups(8)
+    model = ThroughputModel(*d.model_)
+    batches = np.unique(np.rint(np.geomspace(32, d.cap_, 50)).astype(int))
+    brute = [max(float(d._goodput(model, d.noise_scale_, b, w)) for b in batches if b >= w) for w in range(1, 9)]
+    np.testing.assert_allclose(curve, np.array(brute) / brute[0], rtol=1e-12)
+    assert curve[0] == 1.0 and curve[3] > 1.5  # all noise: more workers pay
+    costly = Goodput(initial=32, interval=10)
+    _drive(costly, 60, _pure_noise, lambda b, w: (0.001 + 0.0001 * math.ceil(b / w), 0.001 + 0.01 * (w - 1)))
+    assert costly.speedups(8)[3] < curve[3]

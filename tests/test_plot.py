@@ -5,7 +5,7 @@ import pytest
 from sklearn.datasets import make_classification
 
 from adadamp import DaskClassifier
-from adadamp.dampers import GeoDamp
+from adadamp.dampers import AdaScale, GeoDamp
 
 matplotlib = pytest.importorskip("matplotlib", reason="adadamp.plot needs the plot extra: pip install -e .[plot]")
 matplotlib.use("Agg")
@@ -180,3 +180,39 @@ def test_x_takes_the_words_the_docs_use(fitted):
         assert a.axes[-1].get_xlabel() == b.axes[-1].get_xlabel()
         np.testing.assert_array_equal(plot.series(fitted, "loss", x=plural)[0], plot.series(fitted, "loss", x=singular)[0])
     assert plot.plot_batch_size(fitted, x="updates").get_xlabel() == "model update"
+
+
+@pytest.fixture(scope="module")
+def adascaled(session_client):
+    """AdaScale over GeoDamp (16, 32, 64): its epochs run on the scale-invariant clock, ahead of the data."""
+    import torch
+
+    X, y = make_classification(n_samples=300, n_features=6, n_informative=4, random_state=0)
+    est = DaskClassifier(batch_size=AdaScale(batch_size=GeoDamp(initial=16, delay=1, factor=2)),
+                         optimizer=torch.optim.SGD, optimizer__lr=0.05, max_epochs=3, random_state=0, client=session_client)
+    return est.fit(X, y)
+
+
+def _dips(values) -> list[int]:
+    """The updates drawn below both neighbours (or, the last, below the one before it)."""
+    v = list(values)
+    return [i for i in range(1, len(v)) if v[i] < v[i - 1] and (i + 1 == len(v) or v[i + 1] > v[i])]
+
+
+def test_an_adascale_fits_ragged_batches_draw_no_dip(adascaled):
+    """Issue 54, item 5: with AdaScale a data epoch ends inside an epoch row (its epochs are scale-invariant),
+    and its ragged last batch, with the small step AdaScale gives it, drew a dip in the batch size and the
+    learning rate at every data epoch; per epoch, a row that ended with one drew its small step."""
+    sizes, lrs = updates(adascaled, "batch_size"), updates(adascaled, "lr")
+    row_ends = np.cumsum([len(row["updates"]) for row in adascaled.history_]) - 1
+    inside = [i for i in _dips(sizes) if i not in row_ends]
+    assert inside and all(lrs[i] < lrs[i - 1] for i in inside), sizes  # what the fit must hold for the test to mean anything
+    batch, lr = plot.plot_history(adascaled, x="update", keys=("batch_size", "lr")).axes
+    assert _dips(batch.get_lines()[0].get_ydata()) == []
+    drawn = lr.get_lines()[0].get_ydata()  # AdaScale's gain moves its rate every update: only the ragged ones are held
+    assert all(drawn[i] == drawn[i - 1] for i in inside)
+
+    first = adascaled.history_[0]["updates"]
+    assert first[-1]["batch_size"] < first[-2]["batch_size"] and first[-1]["lr"] < first[-2]["lr"]  # a ragged row end
+    assert adascaled.history_[0]["lr"] == first[-1]["lr"]
+    assert plot.plot_lr(adascaled).get_lines()[0].get_ydata()[0] == first[-2]["lr"]

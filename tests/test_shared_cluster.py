@@ -52,6 +52,38 @@ def test_grants_are_disjoint_fair_and_keep_what_fits_hold(seed):
         assert sum(share.values()) <= max(capacity, n_workers)
 
 
+def _concave(rng, most: int) -> list[float]:
+    """A speedup curve that grows less with each worker (1 on one worker)."""
+    steps = np.sort(rng.uniform(0, 1, size=most - 1))[::-1]
+    return [1.0, *(1.0 + np.cumsum(steps)).tolist()]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_fits_that_predict_their_speedup_divide_their_shares_to_the_largest_sum(seed):
+    """Against every division of the pooled shares (brute force): the deal maximizes the sum of the
+    speedups, each fit keeps one worker, and the fits without a curve keep their fair shares."""
+    import itertools
+
+    rng = np.random.default_rng(seed)
+    n_fits, capacity = int(rng.integers(2, 5)), int(rng.integers(1, 10))
+    wants = {f"f{i}": int(rng.integers(1, 7)) for i in range(n_fits)}
+    curved = [f for f in wants if rng.random() < 0.7] or ["f0"]
+    speedups = {f: _concave(rng, wants[f]) for f in curved}
+    fair = shares(wants, capacity)
+    got = shares(wants, capacity, speedups)
+    assert {f: got[f] for f in wants if f not in curved} == {f: fair[f] for f in wants if f not in curved}
+    pool = sum(fair[f] for f in curved)
+    assert sum(got[f] for f in curved) <= pool
+    assert all(got[f] >= min(1, pool) for f in curved[:pool])
+
+    def total(division):
+        return sum(speedups[f][k - 1] for f, k in zip(curved, division) if k)
+
+    best = max(total(d) for d in itertools.product(*(range(wants[f] + 1) for f in curved))
+               if sum(d) <= pool and all(k >= 1 for k in d[: min(pool, len(d))]))
+    assert total([got[f] for f in curved]) >= best - 1e-9
+
+
 def test_shares_are_max_min_fair():
     assert shares({"a": 6, "b": 1, "c": 4}, 8) == {"a": 4, "b": 1, "c": 3}
     assert shares({"a": 6, "b": 6}, 3) == {"a": 2, "b": 1}  # the earlier fit gets the remainder
@@ -170,6 +202,29 @@ def test_a_fit_sharing_a_worker_moves_to_the_new_one_as_soon_as_it_runs(growing_
         assert time.monotonic() < deadline, "the second worker never ran"
         time.sleep(0.02)
     assert not set(look[1]["a"]) & set(look[1]["b"]), look
+
+
+def test_a_fit_whose_speedup_grows_more_gets_more_of_a_full_cluster(growing_cluster):
+    """Two fits that predict their speedup on a cluster of 3 workers, each able to use all 3: the
+    one that gains little from more workers (declared first, so the fair split would give it 2)
+    keeps one, the other gets two; grants stay disjoint."""
+    cluster, client = growing_cluster
+    cluster.scale(3)
+    client.wait_for_workers(3)
+    ensure_allocator(client)
+    flat, steep = [1.0, 1.05, 1.1], [1.0, 1.9, 2.7]
+    replies = {}
+    for fit, curve in (("flat", flat), ("steep", steep)):
+        replies[fit] = client.sync(client.scheduler.adadamp_allocate, fit=fit, want=3, ahead=3, most=3, least=1,
+                                   speedups=curve)
+    grants = client.run_on_scheduler(_grants)
+    assert (len(grants["flat"]), len(grants["steep"])) == (1, 2), grants
+    assert not set(grants["flat"]) & set(grants["steep"])
+    share = client.sync(client.scheduler.adadamp_allocate, fit="steep")["share"]
+    assert share == 2  # the most workers its damper may plan for
+    client.sync(client.scheduler.adadamp_allocate, fit="flat", want=3, ahead=3, most=3, least=1)  # no curve
+    grants = client.run_on_scheduler(_grants)
+    assert (len(grants["flat"]), len(grants["steep"])) == (2, 1), grants  # back to the fair split
 
 
 def test_a_fit_that_does_not_scale_never_grows_the_cluster(growing_cluster, data):

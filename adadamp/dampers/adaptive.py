@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ._validation import _check_int, _check_real
+from ._validation import _check_int
 from .base import GradStats, TrainState, UpdatePlan
 from .damping import _DampingSchedule
 
@@ -36,11 +36,8 @@ class AdaDamp(_DampingSchedule):
         ``F*``, a lower bound of the training loss (0 for most losses).
     rho : float, default=0.9
         Memory of the loss average, in [0, 1); 0 uses the last batch loss.
-    max_batch_size : int or None, default=None
-        Largest batch; beyond it the learning rate decays by
-        ``max_batch_size / D`` instead.  None is the data set size.
-    momentum : None, float, callable or "tang", default=None
-        Momentum rule (see :func:`tang_momentum`).
+    max_batch_size, momentum
+        As for :class:`GeoDamp`.
 
     Notes
     -----
@@ -62,21 +59,13 @@ class AdaDamp(_DampingSchedule):
     40
     """
 
-    def __init__(
-        self,
-        initial: int = 32,
-        best_train_loss: float = 0.0,
-        rho: float = 0.9,
-        max_batch_size: int | None = None,
-        momentum=None,
-    ):
+    def __init__(self, initial: int = 32, best_train_loss: float = 0.0, rho: float = 0.9,
+                 max_batch_size: int | None = None, momentum=None):
         self._keep(locals())
 
     def _validate(self) -> None:
-        name = type(self).__name__
-        _check_real(self.best_train_loss, "best_train_loss", math.isfinite,
-                    "a finite number (a lower bound of the loss, usually 0)", name)
-        _check_real(self.rho, "rho", lambda rho: 0 <= rho < 1, "in [0, 1) (memory of the loss average)", name)
+        self._check("best_train_loss", math.isfinite, "a finite number (a lower bound of the loss, usually 0)")
+        self._check("rho", lambda rho: 0 <= rho < 1, "in [0, 1) (memory of the loss average)")
 
     def _reset_state(self) -> None:
         self.loss_sum_ = 0.0
@@ -156,11 +145,8 @@ class RadaDamp(_DampingSchedule):
     wait : int, default=50
         Updates per window (``"ratio"``), or updates averaged for ``L_0,
         G_0`` (``"fudge"``); >= 1.
-    max_batch_size : int or None, default=None
-        Largest batch; beyond it the learning rate decays by
-        ``max_batch_size / D`` instead.  None is the data set size.
-    momentum : None, float, callable or "tang", default=None
-        Momentum rule (see :func:`tang_momentum`).
+    max_batch_size, momentum
+        As for :class:`GeoDamp`.
 
     Notes
     -----
@@ -199,16 +185,8 @@ class RadaDamp(_DampingSchedule):
     #: Only the squared norm of the batch gradient is read from ``GradStats`` (no chunks).
     needs_grad_stats = "norm"
 
-    def __init__(
-        self,
-        initial: int = 32,
-        form: str = "ratio",
-        rho: float | None = None,
-        fudge: float = 0.01,
-        wait: int = 50,
-        max_batch_size: int | None = None,
-        momentum=None,
-    ):
+    def __init__(self, initial: int = 32, form: str = "ratio", rho: float | None = None, fudge: float = 0.01,
+                 wait: int = 50, max_batch_size: int | None = None, momentum=None):
         self._keep(locals())
 
     def _validate(self) -> None:
@@ -216,9 +194,8 @@ class RadaDamp(_DampingSchedule):
         if self.form not in ("ratio", "fudge"):
             raise ValueError(f"{name}: form must be 'ratio' or 'fudge'; got {self.form!r}.")
         if self.rho is not None:
-            _check_real(self.rho, "rho", lambda rho: 0 <= rho < 1, "in [0, 1) (memory of the moving averages) or None",
-                        name)
-        _check_real(self.fudge, "fudge", lambda fudge: fudge >= 0, "a number >= 0 (weight of the loss)", name)
+            self._check("rho", lambda rho: 0 <= rho < 1, "in [0, 1) (memory of the moving averages) or None")
+        self._check("fudge", lambda fudge: fudge >= 0, "a number >= 0 (weight of the loss)")
         _check_int(self.wait, "wait", low=1, owner=name)
 
     def _reset_state(self) -> None:

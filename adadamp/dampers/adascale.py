@@ -7,7 +7,7 @@ import math
 import numpy as np
 from sklearn.base import clone
 
-from ._validation import _check_int, _check_real
+from ._validation import _check_int
 from .base import BaseDamper, GradStats, TrainState, UpdatePlan, _base_batch_size, _make_schedule, _schedule_forecast
 from .momentum import _check_momentum, _resolve_momentum
 
@@ -244,8 +244,7 @@ class AdaScale(BaseDamper):
     def reset(self, n_data: int) -> AdaScale:
         name = type(self).__name__
         _check_int(n_data, "n_data", low=1)
-        _check_real(self.smoothing, "smoothing", lambda s: 0 < s < 1,
-                    "in (0, 1) (per-base-batch weight of the moving averages, e.g. 0.999)", name)
+        self._check("smoothing", lambda s: 0 < s < 1, "in (0, 1) (per-base-batch weight of the moving averages, e.g. 0.999)")
         _check_momentum(self.momentum, name)
         self.schedule_ = _make_schedule(self.batch_size, "batch_size", name, n_data)
         self.base_batch_size_ = _base_batch_size(

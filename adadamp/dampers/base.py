@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sklearn.base import BaseEstimator, clone
 
 from ..porting import OldSpellingError, damper_hint
-from ._validation import _check_int
+from ._validation import _check_int, _check_real
 from .momentum import _check_momentum, _resolve_momentum
 
 
@@ -174,6 +174,11 @@ class BaseDamper(BaseEstimator):
             if name != "self":
                 setattr(self, name, value)
 
+    def _check(self, param: str, ok, must: str, hint: str = "") -> None:
+        """Raise ``ValueError`` naming this damper and ``param`` unless the parameter is a real number
+        for which ``ok`` holds: every damper's checks of its numbers read alike."""
+        _check_real(getattr(self, param), param, ok, must, type(self).__name__, hint)
+
     #: The gradient statistics :meth:`plan_update` reads: None (none, ``stats`` is None),
     #: ``"norm"`` (``GradStats.grad_sq_norm`` only: the client computes it from the summed
     #: gradient, at no cost to the workers; RadaDamp) or ``"chunks"`` (also the per-chunk
@@ -195,6 +200,12 @@ class BaseDamper(BaseEstimator):
         >>> Constant(batch_size=32).workers_for(32) is None
         True
         """
+        return None
+
+    def speedups(self, most: int) -> list[float] | None:
+        """The predicted speedup on 1, 2, ... ``most`` workers (goodput against one worker's), by
+        which a shared cluster divides its workers among the fits that predict one; None: no
+        prediction (the fit gets an equal share)."""
         return None
 
     def bind_optimizer(self, family: str) -> None:

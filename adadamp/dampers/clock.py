@@ -101,16 +101,22 @@ class Sampler:
     ([2, 2, 1, 2], 1)
     """
 
-    def __init__(self, loop: LoopState):
+    def __init__(self, loop: LoopState, order=None):
         self.loop = loop
+        self.order = order  # a streamed source's StreamOrder (None: one permutation of all the examples)
         self._perm: np.ndarray | None = None
         self._perm_epoch: int | None = None
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if self.order is None:
+            return epoch_permutation(self.loop.seed, epoch, self.loop.n_data)
+        return self.order.permutation(epoch)
 
     def take(self, batch_size: int) -> np.ndarray:
         """The example indices of the next batch (at most ``batch_size``, fewer at an epoch's end)."""
         lp = self.loop
         if lp.position == 0 or self._perm is None or self._perm_epoch != lp.data_epoch:
-            self._perm, self._perm_epoch = lp.permutation(), lp.data_epoch
+            self._perm, self._perm_epoch = self._permutation(lp.data_epoch), lp.data_epoch
         perm = self._perm
         span = self.advance(batch_size)
         return perm[span.start : span.stop]
@@ -131,7 +137,7 @@ class Sampler:
         lp = self.loop
         held = lp.position and self._perm is not None and self._perm_epoch == lp.data_epoch
         return next_keys(lp.seed, lp.n_data, lp.data_epoch, lp.position, batch_size, batches,
-                         self._perm if held else None)
+                         self._perm if held else None, permute=self._permutation)
 
     def advance(self, batch_size: int) -> range:
         """Move past the next batch without drawing it: its positions in this data epoch's permutation.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ._validation import _ceil, _check_int, _check_real
+from ._validation import _ceil, _check_int
 from .base import BaseDamper, GradStats, TrainState, UpdatePlan
 from .momentum import _check_momentum
 
@@ -118,8 +118,8 @@ class GeoDamp(_DampingSchedule):
     factor : float, default=2
         Growth factor (>= 1); 1 means a constant batch.
     max_batch_size : int or None, default=None
-        Largest batch; beyond it the learning rate decays instead.  None is
-        the data set size (the cap is never above it, nor below ``initial``).
+        Largest batch; beyond it the learning rate is multiplied by ``max_batch_size / D``
+        instead.  None is the data set size (the cap is never above it, nor below ``initial``).
     momentum : None, float, callable or "tang", default=None
         Momentum rule (see :func:`tang_momentum`).
 
@@ -151,35 +151,18 @@ class GeoDamp(_DampingSchedule):
     34520
     """
 
-    def __init__(
-        self,
-        initial: int = 32,
-        delay: float = 5,
-        factor: float = 2,
-        max_batch_size: int | None = None,
-        momentum=None,
-    ):
+    def __init__(self, initial: int = 32, delay: float = 5, factor: float = 2, max_batch_size: int | None = None,
+                 momentum=None):
         self._keep(locals())
 
     def _validate(self) -> None:
-        name = type(self).__name__
-        _check_real(self.delay, "delay", lambda delay: delay > 0, "a number of epochs > 0", name)
-        _check_real(self.factor, "factor", lambda factor: factor >= 1,
-                    ">= 1 (the damping grows by `factor` every `delay` epochs)", name,
+        self._check("delay", lambda delay: delay > 0, "a number of epochs > 0")
+        self._check("factor", lambda factor: factor >= 1, ">= 1 (the damping grows by `factor` every `delay` epochs)",
                     hint="  To decay the learning rate at a fixed batch size use GeoDampLR.")
 
     def damping(self, epoch: float) -> float:
-        """The damping ``D(epoch)`` (pure; no state is read or written).
-
-        Parameters
-        ----------
-        epoch : float
-            A point on the epoch clock.
-
-        Returns
-        -------
-        float
-            ``initial * factor ** floor(epoch / delay)``, before any cap.
+        """The damping ``initial * factor ** floor(epoch / delay)`` at a point ``epoch`` of the epoch
+        clock, before any cap (pure; no state is read or written).
 
         Examples
         --------
@@ -281,14 +264,9 @@ class Seesaw(GeoDamp):
     Adam's lr schedule ``/4`` at epochs 10 and 20 becomes batch 32 -> 128 ->
     512 with the learning rate halved at each step:
 
-    >>> d = Seesaw(initial=32, delay=10, factor=4).reset(n_data=10_000)
-    >>> for epoch in (0, 10, 20):
-    ...     s = TrainState(0, 0, epoch, n_data=10_000, n_workers=1)
-    ...     b = d.next_batch_size(s)
-    ...     print(b, d.plan_update(s, b, None).lr_factor)
-    32 1.0
-    128 0.5
-    512 0.25
+    >>> trace = simulate_schedule(Seesaw(initial=32, delay=10, factor=4), n_data=10_000, max_epochs=21)
+    >>> [(r["batch_size"], r["lr_factor"]) for r in trace if r["epoch"] in (0, 10, 20)]
+    [(32, 1.0), (128, 0.5), (512, 0.25)]
 
     Capped at 128, the second step is the full decay ``/4``:
 

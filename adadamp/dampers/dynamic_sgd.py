@@ -81,14 +81,9 @@ class DynamicSGD(BaseDamper):
     ramps ``1 + s * 3 / 32`` instead of jumping to 4.
 
     >>> d = DynamicSGD(batch_size=GeoDamp(initial=10, delay=1, factor=4))
-    >>> _ = d.reset(n_data=1000)
-    >>> for epoch in (0.0, 1.0, 1.04):
-    ...     s = TrainState(0, 0, epoch, n_data=1000, n_workers=1)
-    ...     b = d.next_batch_size(s)
-    ...     print(b, d.plan_update(s, b, None).lr_factor)
-    10 1.0
-    40 1.09375
-    40 1.1875
+    >>> trace = simulate_schedule(d, n_data=1000, max_epochs=1.1)
+    >>> [(r["epoch"], r["batch_size"], r["lr_factor"]) for r in trace if r["n_updates"] in (0, 100, 101)]
+    [(0.0, 10, 1.0), (1.0, 40, 1.09375), (1.04, 40, 1.1875)]
     """
 
     def __init__(

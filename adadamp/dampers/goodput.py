@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..records import UpdateRecord
-from ._validation import _check_int, _check_real
+from ._validation import _check_int
 from .adascale import AdaScale
 from .base import BaseDamper, GradStats, TrainState, UpdatePlan
 from .least_squares import grouped_fit
@@ -363,12 +363,12 @@ class Goodput(BaseDamper):
                     "use max_batch_size >= initial or None (the data set size)."
                 )
         _check_int(self.interval, "interval", low=1, owner=name)
-        _check_real(self.max_factor, "max_factor", lambda f: 1 < f < math.inf,
-                    "a number > 1 (the most the batch size and the workers change by at once, e.g. 2)", name)
-        _check_real(self.threshold, "threshold", lambda t: 0 <= t < math.inf,
-                    "a number >= 0 (the predicted goodput gain a change must bring, e.g. 0.05 for 5%)", name)
-        _check_real(self.smoothing, "smoothing", lambda s: 0 < s < 1,
-                    "in (0, 1) (per-base-batch weight of the noise estimates' moving averages, e.g. 0.97)", name)
+        self._check("max_factor", lambda f: 1 < f < math.inf,
+                    "a number > 1 (the most the batch size and the workers change by at once, e.g. 2)")
+        self._check("threshold", lambda t: 0 <= t < math.inf,
+                    "a number >= 0 (the predicted goodput gain a change must bring, e.g. 0.05 for 5%)")
+        self._check("smoothing", lambda s: 0 < s < 1,
+                    "in (0, 1) (per-base-batch weight of the noise estimates' moving averages, e.g. 0.97)")
         if self.lr_rule not in LR_RULES:
             raise ValueError(
                 f"{name}: lr_rule must be one of {LR_RULES} ('sgd': the learning rate scales with "
@@ -377,8 +377,8 @@ class Goodput(BaseDamper):
         _check_momentum(self.momentum, name)
         if not isinstance(self.anneal, (bool, np.bool_)):
             raise ValueError(f"{name}: anneal must be True or False; got {self.anneal!r}.")  # noqa: TRY004 (as every bad parameter at reset)
-        _check_real(self.cooldown, "cooldown", lambda c: 0 <= c < 1, "a number in [0, 1) (the last fraction of a "
-                    "fit's epochs over which the learning rate falls towards 0, e.g. 0.5; 0 for none)", name)
+        self._check("cooldown", lambda c: 0 <= c < 1, "a number in [0, 1) (the last fraction of a "
+                    "fit's epochs over which the learning rate falls towards 0, e.g. 0.5; 0 for none)")
         _check_int(n_data, "n_data", low=1)
         cap = int(n_data) if self.max_batch_size is None else min(int(self.max_batch_size), int(n_data))
         self.cap_ = max(int(self.initial), cap)
@@ -482,6 +482,21 @@ class Goodput(BaseDamper):
         if not score[i, j] > current * (1 + TIE):  # ties (to rounding) keep the current choice
             return int(batch_size), int(n_workers)
         return int(batches[i]), int(workers[j])
+
+    def speedups(self, most: int) -> list[float] | None:
+        """The best predicted goodput over batch sizes on 1, 2, ... ``most`` workers, against one
+        worker's: Pollux's speedup, by which its scheduler divides a cluster (Qiao et al. OSDI'21,
+        sections 3.2 and 4.2); None until the throughput model and the noise scale are measured."""
+        model_ = getattr(self, "model_", None)
+        if model_ is None or math.isnan(self.noise_scale_) or most < 1:
+            return None
+        model = ThroughputModel(*model_)
+        batches = np.unique(np.rint(np.geomspace(int(self.initial), self.cap_, 50)).astype(int))
+        best = [float(np.max(np.where(batches >= w, self._goodput(model, self.noise_scale_, batches, w), -np.inf)))
+                for w in range(1, int(most) + 1)]
+        if not best[0] > 0 or not math.isfinite(best[0]):
+            return None
+        return [g / best[0] if math.isfinite(g) else 0.0 for g in best]
 
     def _goodput(self, model: ThroughputModel, noise: float, b, w):
         return model.throughput(b, w) * efficiency(b, noise, int(self.initial))

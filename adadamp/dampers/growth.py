@@ -4,7 +4,7 @@ training does: PadaDamp, its learning-rate form CntsDampLR, and full-batch Gradi
 
 from __future__ import annotations
 
-from ._validation import _check_int, _check_real
+from ._validation import _check_int
 from .base import BaseDamper, TrainState
 from .damping import _DampingSchedule
 from .momentum import _check_momentum
@@ -29,11 +29,8 @@ class PadaDamp(_DampingSchedule):
         Batch size of the first update.
     rate : float, default=1.0
         Examples added per model update (>= 0).
-    max_batch_size : int or None, default=None
-        Largest batch; beyond it the learning rate decays by
-        ``max_batch_size / D`` instead.  None is the data set size.
-    momentum : None, float, callable or "tang", default=None
-        Momentum rule (see :func:`tang_momentum`).
+    max_batch_size, momentum
+        As for :class:`GeoDamp`.
 
     Notes
     -----
@@ -47,18 +44,11 @@ class PadaDamp(_DampingSchedule):
     [8, 9, 9, 10]
     """
 
-    def __init__(
-        self,
-        initial: int = 32,
-        rate: float = 1.0,
-        max_batch_size: int | None = None,
-        momentum=None,
-    ):
+    def __init__(self, initial: int = 32, rate: float = 1.0, max_batch_size: int | None = None, momentum=None):
         self._keep(locals())
 
     def _validate(self) -> None:
-        _check_real(self.rate, "rate", lambda rate: rate >= 0, "a number >= 0 (examples added per model update)",
-                    type(self).__name__)
+        self._check("rate", lambda rate: rate >= 0, "a number >= 0 (examples added per model update)")
 
     def _damping(self, state: TrainState) -> float:
         return self.initial + self.rate * state.n_updates

@@ -15,6 +15,8 @@ import dask
 from dask.utils import format_bytes
 from distributed import futures_of
 
+from ..wire.identity import scheduler_info
+
 #: Dask's worker memory fractions, the first one set being where a worker stops holding data in
 #: memory: above ``target`` it spills to disk, above ``pause`` it runs nothing.
 FRACTIONS = ("target", "spill", "pause")
@@ -42,16 +44,62 @@ def new_bytes(collection) -> int:
     return int(math.prod(collection.shape)) * collection.dtype.itemsize
 
 
+def _resident() -> int:
+    """This worker's resident memory once what training imports is imported (torch: ~400 MB)."""
+    import psutil
+
+    from ..worker import plugin  # noqa: F401  (torch and the trainer, as a fit's set-up imports them)
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def look(client) -> dict:
+    """The scheduler's workers (``scheduler_info()["workers"]``) with what each process holds
+    measured now, after importing what a fit imports there: a fresh worker's last heartbeat
+    tells what it held before torch (data judged to fit then would not)."""
+    workers = scheduler_info(client)["workers"]
+    held = client.run(_resident, workers=list(workers))
+    return {w: {**info, "metrics": {**info.get("metrics", {}), "memory": held[w]}}
+            for w, info in workers.items() if w in held}
+
+
+def _limits(workers: dict) -> list[tuple[int, int]] | None:
+    """Each worker's ``memory_limit`` and what its process holds now; None when any has no limit."""
+    limits = [(info.get("memory_limit") or 0, info.get("metrics", {}).get("memory", 0)) for info in workers.values()]
+    if not limits or any(limit == 0 for limit, _ in limits):
+        return None
+    return limits
+
+
+def rooms(workers: dict) -> list[int] | None:
+    """What each of ``workers`` (the scheduler's ``scheduler_info()["workers"]``) can still hold
+    below :func:`memory_fraction` of its ``memory_limit``; None when a worker has no limit."""
+    limits = _limits(workers)
+    fraction = memory_fraction()
+    return None if limits is None else [max(0, int(fraction * limit) - held) for limit, held in limits]
+
+
+def fits(collections: list, workers: dict) -> bool:
+    """Whether persisting ``collections`` (dask arrays) fits in what ``workers`` can still hold."""
+    room = rooms(workers)
+    return room is None or sum(new_bytes(c) for c in collections) <= sum(room)
+
+
+def row_bytes(collections: list) -> int:
+    """Bytes of one example across ``collections`` (dask arrays chunked along axis 0 alike)."""
+    return sum(int(math.prod(c.shape[1:])) * c.dtype.itemsize for c in collections)
+
+
 def check_fits(collections: list, workers: dict) -> None:
     """Refuse to persist ``collections`` (dask arrays of known shape) on ``workers`` (the
     scheduler's ``scheduler_info()["workers"]``) when their bytes exceed what the workers can
     still hold below :func:`memory_fraction` of their ``memory_limit``.  Workers without a limit
     hold anything."""
-    limits = [(info.get("memory_limit") or 0, info.get("metrics", {}).get("memory", 0)) for info in workers.values()]
-    if not limits or any(limit == 0 for limit, _ in limits):
+    limits = _limits(workers)
+    if limits is None:
         return
     fraction = memory_fraction()
-    room = sum(max(0, int(fraction * limit) - held) for limit, held in limits)
+    room = sum(rooms(workers))
     needed = sum(new_bytes(c) for c in collections)
     if needed > room:
         total = sum(limit for limit, _ in limits)
@@ -60,7 +108,43 @@ def check_fits(collections: list, workers: dict) -> None:
             f"The dask data needs {format_bytes(needed)} on the cluster, and its {len(limits)} worker(s) can hold "
             f"{format_bytes(room)} more: {fraction:.0%} of their memory_limit ({format_bytes(total)} in all; "
             f"dask config distributed.worker.memory.target) less the {format_bytes(held)} their processes "
-            "hold now. adadamp persists dask data on the workers for the whole fit; nothing was computed. "
-            "Start more workers or workers with a larger memory_limit, or pass a torch Dataset that reads "
-            "the examples from storage as X (read example by example on the workers, never held whole)."
+            "hold now. dask_data='persist' holds the data on the workers for the whole fit; nothing was computed. "
+            "Leave dask_data='auto' (streamed when it does not fit), start more workers or workers with a "
+            "larger memory_limit."
         )
+
+
+def stream_rows(collections: list, workers: dict, window: int, windows: int) -> int | None:
+    """The most rows of a streamed block: a worker holds up to ``windows`` windows of ``window``
+    blocks (one worker left), in what the worker with the least room can hold (None: no limit).
+
+    ``ValueError`` when not even one row per block fits, before anything was computed."""
+    room = rooms(workers)
+    if room is None:
+        return None
+    per_row = max(1, row_bytes(collections))
+    rows = min(room) // (windows * window * per_row)
+    if rows < 1:
+        raise ValueError(
+            f"The dask data cannot be streamed: a worker can hold {format_bytes(min(room))} more "
+            f"({memory_fraction():.0%} of its memory_limit less what its process holds), and streaming needs "
+            f"{windows} windows of {window} blocks there (dask config adadamp.stream.window), each of at least one "
+            f"example of {format_bytes(per_row)}. Start workers with a larger memory_limit, or lower the window; "
+            "nothing was computed."
+        )
+    return int(rows)
+
+
+def split(chunks: tuple[int, ...], rows: int) -> tuple[int, ...]:
+    """Chunk lengths along axis 0 of at most ``rows``, each chunk of ``chunks`` cut into equal
+    pieces (a piece never straddles two chunks: computing it computes one).
+
+    >>> split((10, 3), 4)
+    (4, 3, 3, 3)
+    """
+    out = []
+    for n in chunks:
+        k = -(-int(n) // rows)
+        base, extra = divmod(int(n), k)
+        out += [base + (i < extra) for i in range(k)]
+    return tuple(out)

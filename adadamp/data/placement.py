@@ -153,6 +153,9 @@ class Placement:
         self.shard_of = np.zeros(self.n_blocks, dtype=np.int64)  # shard of each block
         self.holder = np.zeros(0, dtype=np.int64)  # rank of each shard
         self.owner = np.zeros(self.n_blocks, dtype=np.int64)  # rank of each block
+        #: Streamed data (:class:`~adadamp.data.streaming.StreamOrder`): the blocks' shards follow the data epoch.
+        self.order = None
+        self.epoch = 0
 
     @property
     def n_shards(self) -> int:
@@ -175,9 +178,18 @@ class Placement:
 
     def assign(self, shard_of: np.ndarray, holder: list[str], workers: list[str]) -> None:
         rank = {w: k for k, w in enumerate(workers)}
+        if self.order is not None:  # streamed: each epoch deals its blocks to the shards anew
+            shard_of = self.order.shard_of(self.epoch, len(holder))
         self.shard_of = np.asarray(shard_of, dtype=np.int64)
         self.holder = np.array([rank[w] for w in holder], dtype=np.int64)
         self.owner = self.holder[self.shard_of]
+
+    def at_epoch(self, epoch: int) -> None:
+        """Streamed data: the blocks' shards of data epoch ``epoch`` (no change otherwise)."""
+        if self.order is not None and epoch != self.epoch:
+            self.epoch = epoch
+            self.shard_of = self.order.shard_of(epoch, self.n_shards)
+            self.owner = self.holder[self.shard_of]
 
     def shards(self, idx: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """Cut a batch by shards: ``(shard, indices)`` for every shard with any, in shard order

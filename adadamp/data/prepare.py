@@ -7,6 +7,7 @@ which read it.  The data guide (``docs/guide/data.rst``) describes each.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -15,13 +16,14 @@ from collections.abc import Callable
 import dask
 import dask.array as da
 import numpy as np
+from dask.utils import format_bytes
 from sklearn.model_selection import train_test_split
 
 from ..sample_weight import check_sample_weight, normalized, pack
-from ..wire.identity import scheduler_info
 from ..worker.loading import read_examples
-from . import convert, memory
+from . import convert, memory, streaming
 from .sources import ArrayData, DaskArrayData, DatasetData, DataSource
+from .streaming import StreamedDaskData
 from .targets import Targets
 
 logger = logging.getLogger(__name__)
@@ -42,11 +44,15 @@ class FitData:
     valid: tuple | None = None
     #: Whether the source's targets carry sample weights (:mod:`adadamp.sample_weight`).
     weighted: bool = False
+    #: How the workers get the examples: "sent" (from the client), "persisted" or "streamed"
+    #: (a dask collection), "read" (a torch Dataset, read on the workers).
+    path: str = "sent"
 
 
 def make_source(
     X, y, targets: Targets, *, estimator, fresh: bool, client, seed: Callable[[], int], sample_weight=None,
-    validation_fraction: float | None = None, loading: dict | None = None,
+    validation_fraction: float | None = None, loading: dict | None = None, dask_data: str = "auto",
+    streams: bool = True,
 ) -> FitData:
     """``X, y`` of any accepted kind as a data source, checked once.
 
@@ -72,6 +78,12 @@ def make_source(
         The share of in-memory examples held out.
     loading : dict, optional
         How workers read a Dataset (:class:`~adadamp.worker.loading.ExampleLoader`'s ``threads``, ``cache``).
+    dask_data : {"auto", "persist", "stream"}
+        Whether a dask ``X`` is persisted on the workers or streamed through them
+        (:mod:`adadamp.data.streaming`); "auto": streamed when persisting would not fit.
+    streams : bool
+        Whether the backend trains on streamed data (the parameter server does, the all-reduce
+        backend does not: data it would stream is refused).
 
     Returns
     -------
@@ -79,12 +91,15 @@ def make_source(
     """
     if convert.is_dataset(X):
         made = _dataset_source(X, y, targets, estimator, fresh, client, validation_fraction, loading or {})
+        path = "read"
     elif convert.is_dask(X):
-        made = _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validation_fraction)
+        made = _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validation_fraction, dask_data,
+                            streams)
+        path = "streamed" if isinstance(made[0], StreamedDaskData) else "persisted"
     else:
         return _array_source(X, y, targets, estimator, fresh, seed, sample_weight, validation_fraction)
     source, head, attrs, weighted = made
-    return FitData(source, head, attrs, targets.n_outputs(attrs, head[1]), seed(), weighted=weighted)
+    return FitData(source, head, attrs, targets.n_outputs(attrs, head[1]), seed(), weighted=weighted, path=path)
 
 
 def _array_source(X, y, targets, estimator, fresh, seed, sample_weight, validation_fraction) -> FitData:
@@ -112,9 +127,10 @@ def _no_holdout(validation_fraction, split_with: str) -> None:
                          "or leave validation_fraction=None.")
 
 
-def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validation_fraction):
-    """A dask ``X, y`` checked and encoded on the cluster, persisted there; returns the data
-    source, the first two examples, the target attributes and whether it is weighted."""
+def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validation_fraction, dask_data="auto",
+                 streams=True):
+    """A dask ``X, y`` checked and encoded on the cluster, persisted there or streamed (``dask_data``);
+    returns the data source, the first two examples, the target attributes and whether it is weighted."""
     if convert.dask_frame_types() and isinstance(X, convert.dask_frame_types()):
         convert.check_numeric_frame(X)  # from its metadata, before anything runs on a cluster
     if client is None:
@@ -126,7 +142,23 @@ def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validat
     start = time.perf_counter()
     X, y, names = convert.dask_arrays(X, y)
     parts = len(X.chunks[0])
-    X, y = convert.engine_blocks(X, y, n_workers=max(1, len(client.scheduler_info()["workers"])))
+    workers = memory.look(client)  # what each worker holds with torch imported
+    weights = []
+    if sample_weight is not None:
+        with contextlib.suppress(ValueError):  # a misaligned one is refused below, with its message
+            weights = [convert.aligned(sample_weight, X).astype(np.float64)]
+    stream = dask_data == "stream" or (dask_data == "auto" and not memory.fits([X, y, *weights], workers))
+    if stream and not streams:
+        raise ValueError(
+            "backend='allreduce' trains on dask data persisted on the workers, and this data does not fit in "
+            "their memory (or dask_data='stream'): use backend='parameter-server', which streams it, or workers "
+            "with more memory. Nothing was computed."
+        )
+    if stream:  # blocks small enough for a worker to hold the windows it needs; no matter how many workers
+        window = streaming.window()
+        rows = memory.stream_rows([X, y, *weights], workers, window, streaming.WINDOWS_HELD)  # refused here at once
+    else:
+        X, y = convert.engine_blocks(X, y, n_workers=max(1, len(workers)))
     if len(X.chunks[0]) != parts:
         logger.info("dask data: %d partitions rechunked along axis 0 into %d", parts, len(X.chunks[0]))
     if not fresh:
@@ -140,10 +172,15 @@ def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validat
         if w.ndim != 1:
             raise ValueError(f"sample_weight.shape == {w.shape}, expected ({X.shape[0]},): one weight per example.")
         checks.update(w_finite=da.isfinite(w).all(), w_negative=(w < 0).any(), w_total=w.sum())
-    # before any task runs: persisting more than the workers hold stalls the fit for minutes
-    memory.check_fits([X, y] if sample_weight is None else [X, y, w], scheduler_info(client)["workers"])
+    if not stream:  # before any task runs: persisting more than the workers hold stalls the fit for minutes
+        memory.check_fits([X, y] if sample_weight is None else [X, y, w], workers)
     with client.as_current():
         (checked,) = dask.compute(checks)  # one pass on the cluster; only these scalars come back
+    if stream and rows is not None:  # what the workers hold now that they have read the data once (pyarrow...)
+        rows = memory.stream_rows([X, y, *weights], memory.look(client), window, streaming.WINDOWS_HELD)
+        if max(X.chunks[0]) > rows:
+            pieces = memory.split(X.chunks[0], rows)
+            X, y = X.rechunk({0: pieces}), y.rechunk({0: pieces})
     logger.info("dask data: %d examples in %d partitions, checked on the cluster in %.2f s",
                 X.shape[0], len(X.chunks[0]), time.perf_counter() - start)
     if not checked["finite"]:
@@ -158,7 +195,13 @@ def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validat
             attrs["feature_names_in_"] = names
     with client.as_current():
         head = dask.compute(X[:2], y[:2])  # two examples, for the module's shape check
-        X, y = client.persist([X, y if sample_weight is None else pack(y, w)])
+        y = y if sample_weight is None else pack(y, w)
+        if stream:
+            logger.info("dask data: %s in %d blocks does not fit in the workers' memory (or dask_data='stream'): "
+                        "streamed, %d blocks per window", format_bytes(memory.row_bytes([X, y]) * X.shape[0]),
+                        len(X.chunks[0]), window)
+            return StreamedDaskData(client, X, y, window), head, attrs, sample_weight is not None
+        X, y = client.persist([X, y])
     return DaskArrayData(client, X, y), head, attrs, sample_weight is not None
 
 

@@ -102,6 +102,16 @@ class DataSource:
     def release(self) -> None:
         """Let go of what the source holds on the cluster, once no backend uses it (nothing here)."""
 
+    def order(self, seed: int):
+        """The order of a streamed source's epochs (:class:`~adadamp.data.streaming.StreamOrder`);
+        None: one seeded permutation of all the examples per epoch."""
+        return
+
+    def stage(self, transport: Transport, placement: Placement, workers: list[str], epoch: int,
+              idx: np.ndarray, timeout: float) -> None:
+        """Before a round of batch ``idx``: the blocks it needs where it is computed (a streamed
+        source's; the others are placed already)."""
+
 
 class ArrayData(DataSource):
     """NumPy ``X, y`` held by the client.
@@ -192,7 +202,7 @@ class DaskArrayData(DataSource):
                     workers=[w], allow_other_workers=False, pure=False,
                 )
                 futures.append((w, future))
-        self._wait_for_blocks(futures, timeout)
+        wait_for_tasks(self.client, futures, timeout)
         try:
             for w, f in futures:
                 if f.status == "finished":
@@ -223,23 +233,6 @@ class DaskArrayData(DataSource):
         self.X_parts, self.y_parts = [], []
         for f in futures:
             f.release()  # idempotent: each future is released once, whoever still refers to it
-
-    def _wait_for_blocks(self, futures: list[tuple[str, Future]], timeout: float) -> None:
-        """Wait until every block is placed, ``timeout`` passes, or every worker still waited
-        for has left the scheduler (its tasks may run nowhere else: waiting longer is in vain)."""
-        deadline = time.monotonic() + timeout
-        pending = futures
-        while pending and time.monotonic() < deadline:
-            try:
-                with self.client.as_current():  # wait() syncs through the current client
-                    wait([f for _, f in pending], timeout=max(0.01, min(PLACEMENT_LOOK, deadline - time.monotonic())))
-            except TimeoutError:
-                pass
-            pending = [(w, f) for w, f in pending if f.status == "pending"]
-            if pending:
-                live = set(scheduler_info(self.client)["workers"])
-                if not any(w in live for w, _ in pending):
-                    return
 
 
 class DatasetData(DataSource):
@@ -282,6 +275,25 @@ class DatasetData(DataSource):
     def move(self, transport: Transport, placement: Placement, add: dict, drop: dict, timeout: float) -> dict:
         """Nothing to move: every worker can read every example (its blocks say which it does)."""
         return {}
+
+
+def wait_for_tasks(client: Client, futures: list[tuple[str, Future]], timeout: float) -> None:
+    """Wait until the tasks of ``futures`` (each pinned to its worker) are done, ``timeout``
+    passes, or every worker still waited for has left the scheduler (its task may run nowhere
+    else: waiting longer is in vain)."""
+    deadline = time.monotonic() + timeout
+    pending = futures
+    while pending and time.monotonic() < deadline:
+        try:
+            with client.as_current():  # wait() syncs through the current client
+                wait([f for _, f in pending], timeout=max(0.01, min(PLACEMENT_LOOK, deadline - time.monotonic())))
+        except TimeoutError:
+            pass
+        pending = [(w, f) for w, f in pending if f.status == "pending"]
+        if pending:
+            live = set(scheduler_info(client)["workers"])
+            if not any(w in live for w, _ in pending):
+                return
 
 
 def _partition_futures(client: Client, collection) -> list[Future]:

@@ -70,7 +70,7 @@ class Calibration:
         Returns
         -------
         float
-            Seconds.
+            Seconds the run of ``trace`` takes (on ``network`` when given).
 
         Examples
         --------

@@ -57,7 +57,7 @@ def _as_counts(x: ArrayLike, name: str) -> NDArray[np.int64]:
 @dataclass(frozen=True)
 class _Links:
     """The four numbers both models are made of, checked once (their meaning: each model's
-    docstring)."""
+    docstring), and what both do with the two overheads; a model adds its own ``_transfer``."""
 
     bandwidth: float
     latency: float = 0.0
@@ -69,6 +69,37 @@ class _Links:
         _check_nonneg(self.latency, "latency")
         _check_nonneg(self.overhead_per_update, "overhead_per_update")
         _check_nonneg(self.overhead_per_worker, "overhead_per_worker")
+
+    def comm_time(self, n_workers: ArrayLike, n_bytes: float) -> NDArray[np.float64]:
+        """Seconds of one update spent outside gradient computation.
+
+        The model's transfer time (with its latency) plus ``overhead_per_update + P *
+        overhead_per_worker``.
+
+        Parameters
+        ----------
+        n_workers : int or array of int
+            Workers ``P`` taking part in each update.
+        n_bytes : float
+            Bytes of the weights and of each gradient, ``M``.
+
+        Returns
+        -------
+        ndarray of float
+            One value per entry of ``n_workers``.
+
+        Examples
+        --------
+        >>> Centralized(bandwidth=100.0).comm_time([1, 2], n_bytes=50).tolist()
+        [1.0, 2.0]
+        >>> RingAllReduce(bandwidth=100.0).comm_time([1, 2], n_bytes=50).tolist()
+        [0.0, 0.5]
+        """
+        p = _as_counts(n_workers, "n_workers").astype(np.float64)
+        return self._transfer(p, float(n_bytes)) + self.overhead_per_update + p * self.overhead_per_worker
+
+    def _transfer(self, p: NDArray[np.float64], n_bytes: float) -> NDArray[np.float64]:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -128,30 +159,9 @@ class Centralized(_Links):
 
     full_duplex: bool = False
 
-    def comm_time(self, n_workers: ArrayLike, n_bytes: float) -> NDArray[np.float64]:
-        """Seconds of one update spent outside gradient computation.
-
-        Parameters
-        ----------
-        n_workers : int or array of int
-            Workers ``P`` taking part in each update.
-        n_bytes : float
-            Bytes of the weights (and of each gradient), ``M``.
-
-        Returns
-        -------
-        ndarray of float
-            One value per entry of ``n_workers``.
-
-        Examples
-        --------
-        >>> Centralized(bandwidth=100.0).comm_time([1, 2], n_bytes=50).tolist()
-        [1.0, 2.0]
-        """
-        p = _as_counts(n_workers, "n_workers").astype(np.float64)
+    def _transfer(self, p: NDArray[np.float64], n_bytes: float) -> NDArray[np.float64]:
         messages = p + 1.0 if self.full_duplex else 2.0 * p
-        wire = messages * float(n_bytes) / self.bandwidth
-        return self.latency + self.overhead_per_update + p * self.overhead_per_worker + wire
+        return self.latency + messages * n_bytes / self.bandwidth
 
 
 @dataclass(frozen=True)
@@ -195,29 +205,8 @@ class RingAllReduce(_Links):
     [0.0, 0.0075]
     """
 
-    def comm_time(self, n_workers: ArrayLike, n_bytes: float) -> NDArray[np.float64]:
-        """Seconds of one update spent in the all-reduce (and the overheads).
-
-        Parameters
-        ----------
-        n_workers : int or array of int
-            Workers ``P`` in the ring.
-        n_bytes : float
-            Bytes of the gradient, ``M``.
-
-        Returns
-        -------
-        ndarray of float
-            One value per entry of ``n_workers``.
-
-        Examples
-        --------
-        >>> RingAllReduce(bandwidth=100.0).comm_time([1, 2], n_bytes=50).tolist()
-        [0.0, 0.5]
-        """
-        p = _as_counts(n_workers, "n_workers").astype(np.float64)
-        ring = 2.0 * (p - 1.0) / p * float(n_bytes) / self.bandwidth + 2.0 * (p - 1.0) * self.latency
-        return ring + self.overhead_per_update + p * self.overhead_per_worker
+    def _transfer(self, p: NDArray[np.float64], n_bytes: float) -> NDArray[np.float64]:
+        return 2.0 * (p - 1.0) / p * n_bytes / self.bandwidth + 2.0 * (p - 1.0) * self.latency
 
 
 Network = Centralized | RingAllReduce

@@ -8,15 +8,8 @@ from numpy.typing import ArrayLike, NDArray
 from .network import Network, _as_counts, _check_nonneg
 
 
-def update_times(
-    batch_sizes: ArrayLike,
-    n_workers: ArrayLike,
-    *,
-    time_per_example: float,
-    n_params: int,
-    network: Network,
-    bytes_per_param: int = 4,
-) -> NDArray[np.float64]:
+def update_times(batch_sizes: ArrayLike, n_workers: ArrayLike, *, time_per_example: float, n_params: int,
+                 network: Network, bytes_per_param: int = 4) -> NDArray[np.float64]:
     """Predicted seconds of each model update.
 
     ``time_per_example * ceil(B / P) + network.comm_time(P, n_params *
@@ -70,18 +63,9 @@ def _n_rescales(p: NDArray[np.int64]) -> int:
     return int(np.count_nonzero(p[1:] != p[:-1])) if p.size > 1 else 0
 
 
-def predict_time(
-    batch_sizes: ArrayLike,
-    n_workers: ArrayLike,
-    *,
-    time_per_example: float,
-    n_params: int,
-    network: Network,
-    bytes_per_param: int = 4,
-    n_epochs: int | None = None,
-    time_per_epoch: float = 0.0,
-    time_per_rescale: float = 0.0,
-) -> float:
+def predict_time(batch_sizes: ArrayLike, n_workers: ArrayLike, *, time_per_example: float, n_params: int,
+                 network: Network, bytes_per_param: int = 4, n_epochs: int | None = None,
+                 time_per_epoch: float = 0.0, time_per_rescale: float = 0.0) -> float:
     """Predicted wall-clock seconds of a training run.
 
     The sum of :func:`update_times`, plus ``time_per_epoch * n_epochs`` and
@@ -123,15 +107,8 @@ def predict_time(
     ...              time_per_rescale=3.0)
     36.5
     """
-    t = update_times(
-        batch_sizes,
-        n_workers,
-        time_per_example=time_per_example,
-        n_params=n_params,
-        network=network,
-        bytes_per_param=bytes_per_param,
-    )
-    total = float(t.sum())
+    total = float(update_times(batch_sizes, n_workers, time_per_example=time_per_example, n_params=n_params,
+                               network=network, bytes_per_param=bytes_per_param).sum())
     _check_nonneg(time_per_epoch, "time_per_epoch")
     _check_nonneg(time_per_rescale, "time_per_rescale")
     if time_per_epoch:

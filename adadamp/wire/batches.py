@@ -24,11 +24,12 @@ def epoch_permutation(seed: int, data_epoch: int, n: int) -> np.ndarray:
 
 
 def next_keys(seed: int, n: int, data_epoch: int, position: int, batch_size: int, batches: int,
-              perm: np.ndarray | None = None) -> np.ndarray:
+              perm: np.ndarray | None = None, permute=None) -> np.ndarray:
     """The examples of the ``batches`` batches of ``batch_size`` that start at ``position`` of data
     epoch ``data_epoch``, as keys ``data_epoch * n + index`` (a batch never straddles two epochs).
 
-    ``perm``: this epoch's permutation when the caller holds it already.
+    ``perm``: this epoch's permutation when the caller holds it already; ``permute(epoch)``: an
+    epoch's order when it is not :func:`epoch_permutation` (streamed data).
 
     Examples
     --------
@@ -39,7 +40,7 @@ def next_keys(seed: int, n: int, data_epoch: int, position: int, batch_size: int
     keys = []
     for _ in range(batches):
         if perm is None:
-            perm = epoch_permutation(seed, data_epoch, n)
+            perm = epoch_permutation(seed, data_epoch, n) if permute is None else permute(data_epoch)
         stop = min(position + batch_size, n)
         keys.append(perm[position:stop] + data_epoch * n)
         position = stop

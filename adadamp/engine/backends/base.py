@@ -135,8 +135,9 @@ class Backend(Sizing, abc.ABC):
         self.damper = damper
         self.loop = loop
         self.data = data
-        self.sampler = Sampler(loop)
+        self.sampler = Sampler(loop, data.order(loop.seed))
         self.placement = data.placement(n_blocks)
+        self.placement.order = self.sampler.order
         self._policy = policy
         self.device = device
         self.fit_id = f"adadamp-{uuid.uuid4().hex}"
@@ -301,7 +302,7 @@ class Backend(Sizing, abc.ABC):
         """Train ``module`` (a copy of the last call's model, the same architecture) next, with
         ``optimizer``, ``damper`` and ``loop``, on the workers and data already in place."""
         self.module, self.optimizer, self.damper, self.loop = module, optimizer, damper, loop
-        self.sampler = Sampler(loop)
+        self.sampler = Sampler(loop, self.sampler.order)
         mark_base_lr(optimizer)
         self._bind()
         self._suspended = contextlib.ExitStack()
@@ -369,6 +370,14 @@ class Backend(Sizing, abc.ABC):
         record = self._record(n, lr, loss, total, t_start, t_sent, t_back, t_agg, t_step)
         self.damper.observe(record)
         return {**record.row(), **self.damper.explain()}
+
+    def _stage(self, idx: np.ndarray, epoch: int) -> None:
+        """Before each round of a batch drawn in data epoch ``epoch``: streamed data's blocks for
+        it computed where its shards are (:meth:`DataSource.stage`; nothing for placed data)."""
+        if self.placement.order is None:
+            return
+        self.placement.at_epoch(epoch)
+        self.data.stage(self.transport, self.placement, self.workers, epoch, idx, max(60.0, self.policy.update_timeout))
 
     def _stats(self, batch: Batch, total: Totals) -> GradStats | None:
         """The round's statistics the damper asked for (None: it asked for none)."""

@@ -96,6 +96,7 @@ class ParameterServer(Backend):
 
         def one_round(k: int) -> tuple[Totals | None, list[str]]:
             nonlocal todo
+            self._stage(idx, epoch)  # streamed data: its blocks where the shards are now
             shards = [(g, sub) for g, sub in self.placement.shards(idx) if todo is None or g in todo]
             units = self._units(shards)
             if todo is None:

@@ -67,9 +67,13 @@ class Sizing:
         return self._policy.max_workers
 
     def _worker_budget(self, running: int) -> int:
-        """The most workers this fit may train on: ``max_workers`` when it scales the cluster,
-        else the workers the cluster runs or plans (at most ``max_workers``)."""
+        """The most workers this fit may train on: ``max_workers`` when it scales the cluster (its
+        share of a shared cluster when it predicts its speedup), else the workers the cluster runs
+        or plans (at most ``max_workers``)."""
         if self.policy.scale:
+            grant = self.members.grant
+            if grant.speedups and grant.share:
+                return min(self.policy.max_workers, grant.share)
             return self.policy.max_workers
         return min(self.policy.max_workers, max(running, self.members.planned(), 1))
 
@@ -105,6 +109,8 @@ class Sizing:
         the new workers cuts them at once, else the data is placed again on the same workers."""
         self._resizing = batch_size
         try:
+            if self.policy.scale:  # a cluster shared by fits that predict their speedup is divided by it
+                self.members.grant.speedups = self.damper.speedups(self.policy.max_workers)
             if not self.damper.follows_workers:
                 self.members.follow(batch_size, self._ahead(batch_size))
             n_shards = self._target_shards(batch_size)
