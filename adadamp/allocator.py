@@ -20,6 +20,11 @@ marginal speedup, as Pollux re-divides a cluster among jobs (Qiao et al. OSDI'21
 but without restarts: a grant changes between two updates.  A fit keeps the workers it holds up to its share, so
 grants move only when they must.  A fit whose client leaves the scheduler loses its grant at
 once; one that stops renewing it otherwise, after ``LEASE`` seconds.
+
+Lending: a worker no fit wants is lent to a fit that says more workers would shorten its
+updates (``borrow``: its own update-time model, :meth:`~adadamp.engine.speeds.Speeds.helpers`).
+A lent worker is in no one's share: the next division hands it to a fit that wants it, and the
+fit it was lent to gives it back between two updates (:func:`lend`).
 """
 
 from __future__ import annotations
@@ -168,11 +173,38 @@ def divide(workers: list[str], wants: dict[str, int], held: dict[str, list[str]]
     return grants
 
 
+def lend(workers: list[str], grants: dict[str, list[str]], borrow: dict[str, int],
+         lent: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The ``workers`` no grant holds, lent to the fits that can use more (``borrow``: how many
+    more each), one worker at a time in the fits' order; a fit keeps the workers it was ``lent``
+    before while they are still free.
+
+    Examples
+    --------
+    >>> lend(["w1", "w2", "w3", "w4"], {"a": ["w1"], "b": ["w2"]}, {"a": 3, "b": 0}, {})
+    {'a': ['w3', 'w4']}
+    >>> lend(["w1", "w2", "w3"], {"a": ["w1"], "b": ["w3"]}, {"a": 1}, {"a": ["w3"]})  # b wants w3 now
+    {'a': ['w2']}
+    """
+    held = {w for g in grants.values() for w in g}
+    free = [w for w in workers if w not in held]
+    out = {f: [w for w in lent.get(f, []) if w in free][:n] for f, n in borrow.items() if n > 0}
+    free = [w for w in free if not any(w in g for g in out.values())]
+    while free:
+        hungry = [f for f in out if len(out[f]) < borrow[f]]
+        if not hungry:
+            break
+        for f in hungry[: len(free)]:
+            out[f].append(free.pop(0))
+    return out
+
+
 class Allocator(SchedulerPlugin):
     """The scheduler's allocator: each fit's wants and grant, and when each worker was last held.
 
     Handlers (called by fits and by :class:`AllocatorAdaptive` over Dask's comm):
-    ``adadamp_allocate(fit, want, ahead)`` declares or renews a fit's wants and returns its grant;
+    ``adadamp_allocate(fit, want, ahead, borrow)`` declares or renews a fit's wants and returns its
+    grant (the workers lent to it included);
     ``adadamp_release_grant(fit)`` ends it; ``adadamp_target(maximum)`` and
     ``adadamp_workers_to_close(target)`` size the cluster.
     """
@@ -188,6 +220,8 @@ class Allocator(SchedulerPlugin):
         self.speedups: dict[str, list[float]] = {}  # fit -> its predicted speedup on 1, 2, ... workers (Goodput)
         self.clients: dict[str, str] = {}  # fit -> the id of the Dask client that declared it
         self.grants: dict[str, list[str]] = {}
+        self.borrow: dict[str, int] = {}  # fit -> how many more workers would shorten its updates
+        self.lent: dict[str, list[str]] = {}  # fit -> workers no fit wants, lent to it (no one's share)
         self.renewed: dict[str, float] = {}
         self.free_since: dict[str, float] = {}  # worker -> when it was last held (or joined)
         self.capacity = math.inf  # the most workers the cluster may have (the adaptive's maximum)
@@ -222,7 +256,7 @@ class Allocator(SchedulerPlugin):
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self.free_since.pop(worker, None)
-        for grant in self.grants.values():
+        for grant in [*self.grants.values(), *self.lent.values()]:
             if worker in grant:
                 grant.remove(worker)
         self._divide()
@@ -242,11 +276,13 @@ class Allocator(SchedulerPlugin):
     # ------------------------------------------------------------------ fits
     def allocate(self, fit: str, want: int | None = None, ahead: int | None = None, most: int | None = None,
                  least: int = 1, client: str | None = None, scaled: bool = False,
-                 speedups: list[float] | None = None) -> dict:
+                 speedups: list[float] | None = None, borrow: int = 0) -> dict:
         """Declare (``want``, ``ahead``; ``most`` and ``least``: its ``max_workers`` and ``min_workers``;
         ``client``: the declaring client's id; ``scaled``: the fit had the cluster adapt;
-        ``speedups``: its predicted speedup on 1, 2, ... workers) or renew (None) ``fit``'s wants;
-        its grant and what the fit needs to plan ahead (``share``: the most workers it may have)."""
+        ``speedups``: its predicted speedup on 1, 2, ... workers; ``borrow``: how many workers no fit
+        wants it would use) or renew (None) ``fit``'s wants; its grant (``lent``: the workers of it
+        lent, :func:`lend`) and what the fit needs to plan ahead (``share``: the most workers it may
+        have)."""
         now = time.monotonic()
         self._expire(now)
         self.sized = self.sized or scaled
@@ -257,6 +293,7 @@ class Allocator(SchedulerPlugin):
             self.most[fit] = int(most or self.wants[fit][1])
             self.least[fit] = int(least)
             self.scaled[fit] = bool(scaled)
+            self.borrow[fit] = max(0, int(borrow or 0))
             if speedups:
                 self.speedups[fit] = [float(v) for v in speedups]
             else:
@@ -266,7 +303,9 @@ class Allocator(SchedulerPlugin):
         self.renewed[fit] = now
         self._divide()
         share = shares(self._division_wants(), self._capacity(), self.speedups).get(fit, 0)
-        return {"grant": list(self.grants.get(fit, [])), "share": share, "start_latency": self.start_latency}
+        lent = list(self.lent.get(fit, []))
+        return {"grant": [*self.grants.get(fit, []), *lent], "lent": lent, "share": share,
+                "start_latency": self.start_latency}
 
     def _division_wants(self) -> dict[str, int]:
         """What each fit's share is cut from: what it wants ahead, or, for a fit that predicts its
@@ -281,8 +320,9 @@ class Allocator(SchedulerPlugin):
         self.speedups.pop(fit, None)
         self.clients.pop(fit, None)
         self.renewed.pop(fit, None)
+        self.borrow.pop(fit, None)
         now = time.monotonic()
-        for w in self.grants.pop(fit, []):
+        for w in [*self.grants.pop(fit, []), *self.lent.pop(fit, [])]:
             self.free_since[w] = now
         self._divide()
 
@@ -295,13 +335,19 @@ class Allocator(SchedulerPlugin):
         if self.scheduler is None:
             return
         wants = {f: w[1] for f, w in self.wants.items()}  # ahead: the workers a fit sets up beforehand too
-        before = {w for g in self.grants.values() for w in g}
+        before = self._held()
         potential = {f: self.most[f] for f in self.speedups if f in self.wants}
-        self.grants = divide(self._live(), wants, self.grants, self._capacity(), self.least, self.speedups, potential)
+        live = self._live()
+        self.grants = divide(live, wants, self.grants, self._capacity(), self.least, self.speedups, potential)
+        self.lent = lend(live, self.grants, {f: self.borrow.get(f, 0) for f in self.wants}, self.lent)
         now = time.monotonic()
-        held = {w for g in self.grants.values() for w in g}
+        held = self._held()
         for w in held | before:
             self.free_since[w] = now  # held now, or just given back
+
+    def _held(self) -> set[str]:
+        """The workers some fit trains on: granted, or lent."""
+        return {w for g in [*self.grants.values(), *self.lent.values()] for w in g}
 
     def _capacity(self) -> float:
         """The workers to divide: a cluster that grows for the wants divides its bound (the
@@ -322,7 +368,7 @@ class Allocator(SchedulerPlugin):
         now = time.monotonic()
         self._expire(now)
         wanted = sum(ahead if self.scaled.get(f) else len(self.grants.get(f, ())) for f, (_, ahead) in self.wants.items())
-        held = {w for g in self.grants.values() for w in g}
+        held = self._held()  # a lent worker is kept while it trains, never asked for
         live = self._live()
         warm = [w for w in live if w not in held and now - self.free_since.get(w, now) < self.idle]
         # The bound limits growth; workers held or still warm stay until their idle time is over.
@@ -334,7 +380,7 @@ class Allocator(SchedulerPlugin):
 
     def workers_to_close(self, target: int) -> list[str]:
         """Names of workers to retire down to ``target``: only workers no fit holds, idle longest first."""
-        held = {w for g in self.grants.values() for w in g}
+        held = self._held()
         live = self._live()
         idle = [w for w in reversed(live) if w not in held]  # idle longest first
         excess = max(0, len(live) - target)
@@ -434,15 +480,20 @@ class Grant:
         self.declared: tuple[int, int] | None = None
         self.speedups: list[float] | None = None  # the damper's predicted speedup on 1, 2, ... workers
         self._sent_speedups: list[float] | None = None
+        self.borrow = 0  # how many workers no fit wants this fit would use (its update-time model says)
+        self._sent_borrow = 0
+        self.lent: list[str] = []  # the workers of the grant lent to the fit (no one's share)
 
     def declare(self, want: int, ahead: int) -> None:
-        """Tell the allocator what the fit wants now and ahead (only when it or the speedups changed)."""
-        if self.declared == (want, ahead) and self.workers is not None and self._sent_speedups == self.speedups:
+        """Tell the allocator what the fit wants now and ahead (only when it, the speedups or what
+        the fit would borrow changed)."""
+        if (self.declared == (want, ahead) and self.workers is not None and self._sent_speedups == self.speedups
+                and self._sent_borrow == self.borrow):
             return
-        self.declared, self._sent_speedups = (want, ahead), self.speedups
+        self.declared, self._sent_speedups, self._sent_borrow = (want, ahead), self.speedups, self.borrow
         self._take(self.client.sync(self.client.scheduler.adadamp_allocate, fit=self.fit, want=want, ahead=ahead,
                                     most=self.most, least=self.least, client=self.client.id, scaled=self.scaled,
-                                    speedups=self.speedups))
+                                    speedups=self.speedups, borrow=self.borrow))
 
     async def renew(self) -> None:
         """Renew the lease (the membership watcher's loop, every look); declare again if the
@@ -454,17 +505,19 @@ class Grant:
             want, ahead = self.declared
             reply = await self.client.scheduler.adadamp_allocate(fit=self.fit, want=want, ahead=ahead, most=self.most,
                                                                  least=self.least, client=self.client.id,
-                                                                 scaled=self.scaled, speedups=self._sent_speedups)
+                                                                 scaled=self.scaled, speedups=self._sent_speedups,
+                                                                 borrow=self._sent_borrow)
         self._take(reply)
 
     def _take(self, reply: dict) -> None:
         if reply["grant"] is not None:
             self.workers = set(reply["grant"])
             self.share = reply.get("share", len(self.workers))
+            self.lent = list(reply.get("lent", []))
         self.start_latency = reply.get("start_latency")
 
     def release(self) -> None:
         """Give the workers back (the fit ended, or is suspended until its next ``partial_fit``)."""
-        self.declared, self.workers = None, None
+        self.declared, self.workers, self.lent = None, None, []
         with contextlib.suppress(Exception):
             self.client.sync(self.client.scheduler.adadamp_release_grant, fit=self.fit)

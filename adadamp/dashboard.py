@@ -46,6 +46,9 @@ TOPIC = "adadamp"
 UPDATE_FIELDS = ("batch_size", "lr", "n_workers", "loss", "compute_time", "comm_time", "step_time", "update_time",
                  "share_min", "share_max", "stragglers", "lost",
                  "noise_scale", "efficiency", "predicted_throughput", "decay")  # the last four: Goodput's reasons
+#: The columns of the page's ``updates`` series.
+UPDATE_COLUMNS = ("update", "time", *UPDATE_FIELDS, "batch_schedule")
+EPOCH_COLUMNS = ("epoch", "n_updates", "train_loss", "valid_loss")
 MAX_POINTS = 2000  # per series sent to the page (longer fits are thinned evenly)
 #: What a fit id looks like (``Publisher`` draws 12 hex digits); the page refuses anything else.
 FIT_ID = re.compile(r"[0-9a-f]{12}")
@@ -211,7 +214,7 @@ def fit_data(scheduler, fit: str) -> dict:
     without it: its ``batch_size``); ``lost`` lists only the updates that lost workers, so that the
     page marks those and draws nothing where nothing was lost."""
     start = next((f for f in fit_list(scheduler) if f["fit"] == fit), None)
-    columns = ("update", "time", *UPDATE_FIELDS, "batch_schedule")
+    columns = UPDATE_COLUMNS
     rows: list[dict] = []
     epochs: list[dict] = []
     end = None
@@ -257,7 +260,7 @@ def fit_data(scheduler, fit: str) -> dict:
         "params": {} if start is None else start["params"],
         "progress": progress,
         "updates": {c: [u[c] for u in shown] for c in columns},
-        "epochs": {k: [e[k] for e in epochs] for k in ("epoch", "n_updates", "train_loss", "valid_loss")},
+        "epochs": {k: [e[k] for e in epochs] for k in EPOCH_COLUMNS},
         "lost": {"update": [u for u, _ in lost], "lost": [n for _, n in lost]},
     }
 
@@ -331,7 +334,7 @@ class TrainingData(_FitHandler):
             return
         data = fit_data(self.server, fit)
         series = ("updates", "epochs", "lost")
-        if what in series:  # the columns a Bokeh AjaxDataSource takes
+        if what in series:  # a Bokeh ColumnDataSource's columns, which page.js polls
             self.write(_json(data[what]))
             return
         listed = [{"fit": f["fit"], "name": f["name"], "time": f["time"]} for f in fits]
@@ -420,20 +423,21 @@ def page_html(data_url: str, fit: str, static: str = "static/") -> str:
     """The page: Bokeh figures polling ``data_url`` for ``fit``, and a progress table kept current by
     the page's script.  It runs no inline script (its :data:`CSP` forbids any): the scripts are files
     under ``static`` (:class:`PageFiles`: Bokeh's JavaScript and ``page.js``), and the plots and the
-    page's settings are JSON data blocks that ``page.js`` reads and hands to Bokeh.  Legends sit
-    above their plots, never over the newest data (a legend inside the top right corner covered the
-    end of the loss curve)."""
+    page's settings are JSON data blocks that ``page.js`` reads and hands to Bokeh.  ``page.js`` also
+    polls the plotted series, turning JSON's null (a value a fit never reported, such as Goodput's
+    reasons in a GeoDamp fit) into NaN, which Bokeh leaves blank: Bokeh's own ``AjaxDataSource``
+    hands null on, which Bokeh draws at 0.  Legends sit above their plots, never over the newest
+    data (a legend inside the top right corner covered the end of the loss curve)."""
     from bokeh import __version__ as bokeh_version
     from bokeh.embed import json_item
     from bokeh.layouts import gridplot
-    from bokeh.models import AjaxDataSource
+    from bokeh.models import ColumnDataSource
     from bokeh.plotting import figure
 
-    def source(what: str, name: str) -> AjaxDataSource:
-        return AjaxDataSource(data_url=f"{data_url}?fit={fit}&what={what}", polling_interval=1000, mode="replace",
-                              method="GET", name=name)
+    def source(name: str, columns) -> ColumnDataSource:  # filled by page.js (``name`` is the data's ``what``)
+        return ColumnDataSource({c: [] for c in columns}, name=name)
 
-    updates, epochs, lost = source("updates", "updates"), source("epochs", "epochs"), source("lost", "lost")
+    updates, epochs, lost = source("updates", UPDATE_COLUMNS), source("epochs", EPOCH_COLUMNS), source("lost", ("update", "lost"))
     size = {"width": 560, "height": 230, "x_axis_label": "model updates", "tools": "pan,wheel_zoom,box_zoom,reset"}
     loss = figure(title="loss", y_axis_type="log", name="loss", **size)
     loss.line("update", "loss", source=updates, legend_label="batch loss", alpha=0.5)
@@ -455,7 +459,7 @@ def page_html(data_url: str, fit: str, static: str = "static/") -> str:
     for field, color in (("update_time", "black"), ("compute_time", "orange"), ("comm_time", "blue"),
                          ("step_time", "green")):
         times.line("update", field, source=updates, legend_label=field.replace("_time", ""), color=color, alpha=0.7)
-    noise = figure(title="gradient noise scale (Goodput's reason)", y_axis_type="log", **size)
+    noise = figure(title="gradient noise scale (Goodput's reason)", y_axis_type="log", name="noise", **size)
     noise.line("update", "noise_scale", source=updates, color="red")
     efficiency = figure(title="statistical efficiency of the batch, learning-rate decay (Goodput)", name="efficiency",
                         **size)
@@ -513,6 +517,15 @@ function cells(table, rows) {  // text only: what fits published is never parsed
   }));
 }
 function fmt(v, digits) { return (typeof v === "number") ? Number(v.toPrecision(digits)) : v; }
+const blanks = column => Array.isArray(column) ? column.map(v => v === null ? NaN : v) : column;
+async function plot(doc) {  // each series' columns, a value never reported (null) as NaN: a gap, not a 0
+  for (const what of ["updates", "epochs", "lost"]) {
+    const src = doc.get_model_by_name(what);
+    const url = dataUrl + "?what=" + what + "&fit=" + encodeURIComponent(fit);
+    const data = await (await fetch(url)).json();
+    src.data = Object.fromEntries(Object.entries(data).map(([k, v]) => [k, blanks(v)]));
+  }
+}
 const select = document.getElementById("fits");
 select.addEventListener("change", () => { window.location.search = "?fit=" + encodeURIComponent(select.value); });
 async function refresh() {
@@ -530,6 +543,7 @@ async function refresh() {
       ["time_left_s", fmt(p.eta_s, 3)]]);
     cells("params", Object.entries(r.params));
     const doc = window.Bokeh && Bokeh.documents[0];
+    if (doc) await plot(doc);
     const src = doc && doc.get_model_by_name("updates");
     if (src) document.getElementById("plotted").textContent =
       "points plotted: " + (src.data.update ? src.data.update.length : 0);

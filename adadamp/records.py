@@ -344,7 +344,8 @@ class UpdateRecord:
     the workers that would take over twice the median's time for an equal share
     (:mod:`adadamp.engine.speeds`) and ``lost`` the
     workers the update lost (dead, or not answering in ten times the others' time) and
-    recomputed the shares of.
+    recomputed the shares of; ``lent`` the workers no fit wanted that the cluster's allocator lent
+    to the update (:func:`~adadamp.allocator.lend`; only with ``shares="speed"``).
     """
 
     batch_size: int
@@ -364,6 +365,7 @@ class UpdateRecord:
     shares: list[int] | None = None
     stragglers: list[int] | None = None
     lost: int | None = None
+    lent: int = 0
 
     def row(self) -> dict:
         """The record as a row of ``history_[i]["updates"]`` (a shallow dict: every field is a

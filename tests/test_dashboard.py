@@ -503,12 +503,15 @@ _LAYOUT_JS = """(() => {
   const curve = loss.renderer_views.get(doc.get_model_by_name("loss").renderers[0]).glyph;
   const batch = Bokeh.index.find_one(doc.get_model_by_name("batch_schedule"));
   const markers = Bokeh.index.find_one(doc.get_model_by_name("lost_markers"));
+  const efficiency = doc.get_model_by_name("efficiency");
+  const unreported = Bokeh.index.find_one(efficiency).renderer_views.get(efficiency.renderers[0]).glyph;
   if (batch.glyph.sx.length != updates.data.update.length
       || markers.glyph.sx.length != markers.model.data_source.get_length()) return null;  // drawn with the data polled last
   return {figures,
           curve: Array.from(curve.sx, (x, i) => [canvas.left + x, canvas.top + curve.sy[i]]),
           batch_sy: Array.from(batch.glyph.sy), batch: Array.from(batch.glyph.y),
-          lost_drawn: markers.glyph.sx.length};
+          lost_drawn: markers.glyph.sx.length,
+          efficiency_drawn: Array.from(unreported.sy).filter(Number.isFinite).length};
 })()"""
 
 
@@ -544,6 +547,7 @@ def test_chromium_shows_legends_beside_the_data_the_schedule_and_only_lost_updat
         assert seen["batch"] == scheduled
         assert all(b <= a for a, b in zip(seen["batch_sy"], seen["batch_sy"][1:], strict=False))  # never down
         assert seen["lost_drawn"] == 0  # nothing lost: nothing drawn
+        assert seen["efficiency_drawn"] == 0  # a GeoDamp fit reports no efficiency: a gap, not a line at 0
 
         browser.call("Page.navigate", page, url=_page(cluster) + f"?fit={lossy.fit}")  # the tab in front draws
         seen = browser.wait_for(page, _LAYOUT_JS % {"n": 5, "fit": lossy.fit})

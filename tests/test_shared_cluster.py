@@ -6,6 +6,7 @@ processes; the division itself is checked over many drawn workloads without a cl
 import logging
 import threading
 import time
+from typing import ClassVar
 
 import dask
 import numpy as np
@@ -15,8 +16,11 @@ from distributed import Client, LocalCluster
 from torch import nn
 
 from adadamp import DaskRegressor
-from adadamp.allocator import NAME, adapt, divide, ensure_allocator, shares
+from adadamp.allocator import NAME, adapt, divide, ensure_allocator, lend, shares
+from adadamp.callbacks import Callback
 from adadamp.dampers import GeoDamp
+from adadamp.modules import MLP
+from benchmarks.emulated import Emulated
 
 
 # ---------------------------------------------------------------------- the division, drawn widely
@@ -50,6 +54,29 @@ def test_grants_are_disjoint_fair_and_keep_what_fits_hold(seed):
         if sum(wants.values()) <= n_workers:
             assert all(len(grants[f]) == w for f, w in wants.items())  # room for all: all they want
         assert sum(share.values()) <= max(capacity, n_workers)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_only_workers_no_fit_holds_are_lent_and_a_fit_keeps_what_it_was_lent(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        workers = [f"w{i}" for i in range(int(rng.integers(0, 10)))]
+        fits = [f"f{i}" for i in range(int(rng.integers(1, 5)))]
+        grants, before = {}, {}
+        for split, out in ((list(rng.permutation(workers)), grants), (list(rng.permutation(workers)), before)):
+            for fit in fits:  # disjoint within the grants, and within the last division's lends
+                k = int(rng.integers(0, len(split) + 1))
+                out[fit], split = [str(w) for w in split[:k]], split[k:]
+        borrow = {f: int(rng.integers(0, 4)) for f in fits}
+        lent = lend(workers, grants, borrow, before)
+        held = {w for g in grants.values() for w in g}
+        given = [w for g in lent.values() for w in g]
+        assert len(given) == len(set(given)) and not set(given) & held  # disjoint, and no one's share
+        assert all(len(lent.get(f, [])) <= borrow[f] for f in fits)
+        free = [w for w in workers if w not in held]
+        assert len(given) == min(len(free), sum(borrow.values()))  # no free worker idles while a fit can use it
+        for f in fits:  # what a fit was lent and is still free, it keeps (up to what it would use)
+            assert set([w for w in before[f] if w in free][: borrow[f]]) <= set(lent.get(f, [])), (f, before, lent)
 
 
 def _concave(rng, most: int) -> list[float]:
@@ -291,3 +318,87 @@ def test_idle_workers_retire_gracefully_after_the_idle_time(growing_cluster, dat
     logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
     text = out.out + out.err
     assert not logged and "ERROR" not in text and "Traceback" not in text, (logged, text[-2000:])
+
+
+class _Updates(Callback):
+    """When each update ended, on how many workers, how many of them lent; and when the fit ran
+    (in ``LOGS[name]``: the estimator trains with a copy of its callbacks)."""
+
+    LOGS: ClassVar[dict[str, dict]] = {}
+
+    def __init__(self, name: str = "fit"):
+        self.name = name
+
+    @property
+    def log(self) -> dict:
+        return self.LOGS.setdefault(self.name, {"seen": [], "ran": []})
+
+    def on_train_begin(self, estimator, **info):
+        self.log["ran"].append(time.monotonic())
+
+    def on_update_end(self, estimator, record=None, **info):
+        self.log["seen"].append((time.monotonic(), record["n_workers"], record.get("lent", 0)))
+
+    def on_train_end(self, estimator, **info):
+        self.log["ran"].append(time.monotonic())
+
+
+def _emulated(client, **params) -> DaskRegressor:
+    """A batch of 64 on emulated accelerators (the time all per example): one worker wanted."""
+    return DaskRegressor(**{"module": Emulated, "module__inner": MLP, "module__n_features": 10, "module__n_outputs": 1,
+                            "module__hidden": (16,), "module__fixed": 0.0, "module__per_example": 0.5e-3,
+                            "optimizer": torch.optim.SGD, "optimizer__lr": 0.01, "batch_size": 64,
+                            "grads_per_worker": 128, "max_epochs": 8, "random_state": 0, "client": client,
+                            "shares": "speed", **params})
+
+
+def test_an_idle_worker_is_lent_to_a_fit_it_speeds_up_and_taken_back_for_a_fit_that_wants_it(data):
+    """Two workers, a speed-share fit whose batch wants one: the other is lent to it once its
+    measured speeds say a second worker shortens an update, and given back between two updates
+    when a fit that wants a worker arrives.  The fit's shards stay those of its batch: every
+    example once per update, the weights those of the fit that may borrow nothing."""
+    X, y = data[0][:2048], data[1][:2048]
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+            Client(cluster, set_as_default=False) as client, dask.config.set({"adadamp.debug.digests": True}):
+        alone = _emulated(client, max_workers=1).fit(X, y)  # max_workers=1: nothing to borrow
+        assert all(u["lent"] == 0 and u["n_workers"] == 1 for row in alone.history_ for u in row["updates"])
+        lender, second, results = _Updates("lender"), _Updates("second"), {}
+        first = threading.Thread(target=lambda: results.update(a=_emulated(client, callbacks=[lender]).fit(X, y)))
+        first.start()
+        deadline = time.monotonic() + 60
+        seen = lender.log["seen"]
+        while not any(lent for _, _, lent in seen):
+            assert time.monotonic() < deadline and first.is_alive(), f"no worker was lent: {seen}"
+            time.sleep(0.05)
+        assert any(n == 2 and lent == 1 for _, n, lent in seen)  # the lent worker trains
+        other = _emulated(client, shares="equal", max_epochs=2, callbacks=[second]).fit(X, y)  # wants the lent worker
+        first.join()
+        assert {row["n_workers"] for row in other.history_} == {1}
+        start, end = second.log["ran"]
+        back = [lent for t, _, lent in seen if start + 1.0 < t < end]  # a renewal and an update later
+        assert back and not any(back), (start, end, seen)  # given back while the second fit trained
+        a = results["a"]
+        assert [u["examples_digest"] for row in a.history_ for u in row["updates"]] == \
+            [u["examples_digest"] for row in alone.history_ for u in row["updates"]]  # every example once
+        np.testing.assert_allclose(_weights(a), _weights(alone), rtol=1e-4, atol=1e-5)
+
+
+def test_lending_stops_at_a_batch_size_where_whole_updates_with_it_were_not_faster():
+    """The share model sees only the workers' compute: the whole update's time decides too."""
+    from adadamp.engine.backends.sizing import LENT_TRIAL, Sizing
+
+    sizing = Sizing()
+    sizing.lends, sizing._lent_times = True, {}
+    for _ in range(LENT_TRIAL):
+        sizing._time_lent(64, 64, 0, 0.010)
+        sizing._time_lent(128, 128, 0, 0.020)
+        sizing._time_lent(64, 3, 1, 0.001)  # an epoch's ragged last batch is not timed
+    assert not sizing._lent_slower(64)
+    for _ in range(LENT_TRIAL - 1):
+        sizing._time_lent(64, 64, 1, 0.0095)
+        sizing._time_lent(128, 128, 1, 0.012)
+    assert not sizing._lent_slower(64)  # not timed enough yet
+    sizing._time_lent(64, 64, 1, 0.0095)
+    sizing._time_lent(128, 128, 1, 0.012)
+    assert sizing._lent_slower(64)  # 5% faster: not worth a worker another fit may want
+    assert not sizing._lent_slower(128)  # 40% faster: keep it

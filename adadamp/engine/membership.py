@@ -418,11 +418,11 @@ class Membership:
         if n_ahead != self.ahead:
             self.ahead = n_ahead
             self._known, self._look_now = None, True  # idle workers to set up: look at the next refresh
-        self.use(n)
+        self.use(n + len(self.grant.lent))  # workers no fit wants, lent to this one, train too
         self._wait_for_growth(n)
         if not self.policy.scale:
             return
-        if len(self.workers) < self.limit:
+        if len(self.workers) < n:
             self._short_since = min(self._short_since, time.monotonic())
             self.heal()
         else:

@@ -191,6 +191,36 @@ class Speeds:
         typical = statistics.median(time.values())
         return [k for k, w in enumerate(workers) if w in time and time[w] * STRAGGLER_RATIO > typical]
 
+    def helpers(self, own: list[str], lent: list[str], n_shards: int, room: int, batch: int) -> int:
+        """How many workers beyond ``own`` would each shorten an update of ``batch`` examples in
+        ``n_shards`` shards by :data:`REBALANCE_GAIN` (the workers ``lent`` already first, as
+        measured; then workers of the median speed), at most ``room``: what a fit borrows of the
+        workers no fit wants (:func:`~adadamp.allocator.lend`).  0 until ``own`` are measured.
+
+        >>> s = Speeds()
+        >>> for _ in range(3): s.observe("a", 64, 0.064)  # time all per example: a second worker halves it
+        >>> s.helpers(["a"], [], n_shards=16, room=3, batch=64), s.helpers(["a"], [], n_shards=1, room=3, batch=64)
+        (3, 0)
+        >>> s._sxx = 1.0  # a time all fixed costs (elasticity 0): no worker shortens it
+        >>> s.helpers(["a"], [], n_shards=16, room=3, batch=64)
+        0
+        """
+        if room <= 0 or not own or not all(w in self.seconds for w in own):
+            return 0
+
+        def update_time(k: int) -> float:
+            names = [*own, *lent, *(f"more-{i}" for i in range(k))][: len(own) + k]
+            speeds, fixed = self._model(names, n_shards, batch)
+            return makespan(shard_quotas(n_shards, speeds, fixed), speeds, fixed)
+
+        k, best = 0, update_time(0)
+        while k < room:
+            t = update_time(k + 1)
+            if t * (1 + REBALANCE_GAIN) > best:
+                break
+            k, best = k + 1, t
+        return k
+
     def rebalance(self, workers: list[str], held: list[int], update: int) -> bool:
         """Whether shards should move now: the best quotas shorten the predicted update by
         :data:`REBALANCE_GAIN` and the last such move is :data:`REBALANCE_EVERY` updates old."""

@@ -144,6 +144,7 @@ class Backend(Sizing, abc.ABC):
         self.n_shards: int | None = None  # what each update is cut into (set at the first placement)
         self.speeds = Speeds()  # each worker's measured throughput (speed-based shares, stragglers)
         self._recent = collections.deque(maxlen=RECENT_UPDATES)  # seconds of the latest updates (the schedule's clock)
+        self._lent_times: dict[tuple[int, int], collections.deque] = {}  # update seconds by (batch, lent workers)
         self._resizing: int | None = None  # the batch the workers are being sized for (between updates)
         self._bound = False  # the module's parameters are views of the backend's buffers
         mark_base_lr(optimizer)
@@ -327,7 +328,7 @@ class Backend(Sizing, abc.ABC):
         self.members.refresh()
         self._follow_speeds()
         running = self.members.running()
-        state = self.loop.train_state(len(self.workers), self._worker_budget(running), min(running, self.policy.max_workers))
+        state = self.loop.train_state(self._own_workers(), self._worker_budget(running), min(running, self.policy.max_workers))
         batch_size = int(self.damper.next_batch_size(state))
         if batch_size < 1:
             raise ValueError(f"{type(self.damper).__name__} asked for batch size {batch_size}; it must be >= 1.")
@@ -368,6 +369,7 @@ class Backend(Sizing, abc.ABC):
         self.loop.advance(n, plan.progress, loss)
         self._recent.append(t_step - t_start)
         record = self._record(n, lr, loss, total, t_start, t_sent, t_back, t_agg, t_step)
+        self._time_lent(batch.size, int(n), record.lent, t_step - t_start)
         self.damper.observe(record)
         return {**record.row(), **self.damper.explain()}
 
@@ -423,6 +425,7 @@ class Backend(Sizing, abc.ABC):
             shares=[int(total.per_worker.get(w, (0,))[0]) for w in self.workers],
             stragglers=self.speeds.stragglers(self.workers),
             lost=len(set(self.members.lost_in_rounds)),
+            lent=len(self.workers) - self._own_workers(),
             **digests,
         )
 

@@ -47,7 +47,11 @@ logger = logging.getLogger(__name__)
 class ParameterServer(Backend):
     """Trains ``module`` on ``data`` held by the workers of ``client``: the client holds the
     weights and steps; each update, the workers get the weights and return their shards'
-    gradient sums (the parameters: :class:`~adadamp.engine.backends.base.Backend`)."""
+    gradient sums (the parameters: :class:`~adadamp.engine.backends.base.Backend`).  Workers no
+    fit wants are lent to it (with speed shares): a worker joins or leaves between two updates at
+    the cost of its blocks' placement, where the all-reduce's group would form again."""
+
+    lends = True
 
     def _module_payload(self) -> bytes:
         """What a worker's set-up builds its module from."""

@@ -12,6 +12,7 @@ updates; what an update does is :mod:`.base`.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -22,7 +23,7 @@ from dask.utils import format_bytes
 from ... import cluster as cl
 from ...data.placement import plan_moves
 from ...wire.parameters import examples_independent
-from ..speeds import COUPLED_SHARDS_PER_WORKER, SHARDS_PER_WORKER
+from ..speeds import COUPLED_SHARDS_PER_WORKER, REBALANCE_GAIN, SHARDS_PER_WORKER
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,10 @@ WORKER_START = 10.0
 START_MARGIN = 2.0
 #: The most epochs the schedule is read ahead.
 MAX_LOOKAHEAD_EPOCHS = 100
+#: Whole updates of a batch size timed with lent workers and without before the times decide
+#: whether lending shortens them (:meth:`Sizing._lent_slower`); the medians of the latest
+#: ``2 * LENT_TRIAL`` are compared, so a worker's first, warming-up update counts little.
+LENT_TRIAL = 5
 
 
 class Sizing:
@@ -42,7 +47,7 @@ class Sizing:
     A base of :class:`~adadamp.engine.backends.base.Backend`: it reads the backend's ``damper``,
     ``loop``, ``members``, ``policy`` (and the estimator's ``_policy``), ``placement``, ``speeds``,
     ``data``, ``transport``, ``workers``, ``module``, ``client``, ``_recent`` (the latest updates'
-    seconds) and ``_resizing`` (the batch being sized for), and sets ``n_shards``.
+    seconds), ``_lent_times`` and ``_resizing`` (the batch being sized for), and sets ``n_shards``.
     """
 
     # ------------------------------------------------------------------ how many workers and shards
@@ -112,6 +117,7 @@ class Sizing:
             if self.policy.scale:  # a cluster shared by fits that predict their speedup is divided by it
                 self.members.grant.speedups = self.damper.speedups(self.policy.max_workers)
             if not self.damper.follows_workers:
+                self.members.grant.borrow = self._borrow(batch_size)
                 self.members.follow(batch_size, self._ahead(batch_size))
             n_shards = self._target_shards(batch_size)
             if n_shards != self.n_shards and self.workers:
@@ -119,6 +125,45 @@ class Sizing:
                 self.members.replace()
         finally:
             self._resizing = None
+
+    #: Whether workers no fit wants may be lent to this backend's fits (:meth:`_borrow`).
+    lends = False
+
+    def _borrow(self, batch_size: int) -> int:
+        """How many workers no fit wants this fit would train on beyond those ``batch_size`` wants:
+        with speed shares (the shards stay those of the batch, only their holders change), as many
+        as the measured speeds say would each shorten an update (:meth:`Speeds.helpers`), and none
+        once whole updates timed with lent workers were not faster (:meth:`_lent_slower`: the
+        workers' compute is all the share model sees; the client's step and the comms, on a
+        machine the workers share, may grow more than the compute shrinks)."""
+        if not self.lends or self.policy.shares != "speed" or not self.workers or self._lent_slower(batch_size):
+            return 0
+        n, n_shards = self.members.wanted(batch_size), self._target_shards(batch_size)
+        lent = [w for w in self.workers if w in self.members.grant.lent]
+        own = [w for w in self.workers if w not in lent]
+        room = min(self.policy.max_workers, n_shards) - n
+        return self.speeds.helpers(own, lent, n_shards, room, batch_size)
+
+    def _time_lent(self, batch_size: int, n: int, lent: int, seconds: float) -> None:
+        """Remember a whole update's seconds by its batch and the workers lent to it."""
+        if self.lends and n == batch_size:  # not an epoch's ragged last batch
+            times = self._lent_times.setdefault((batch_size, lent), collections.deque(maxlen=2 * LENT_TRIAL))
+            times.append(seconds)
+
+    def _lent_slower(self, batch_size: int) -> bool:
+        """Whether updates of ``batch_size`` timed with lent workers were not :data:`REBALANCE_GAIN`
+        faster than without (each over at least :data:`LENT_TRIAL` updates)."""
+        alone = self._lent_times.get((batch_size, 0), ())
+        if len(alone) < LENT_TRIAL:
+            return False
+        return any(b == batch_size and k > 0 and len(t) >= LENT_TRIAL
+                   and np.median(t) * (1 + REBALANCE_GAIN) > np.median(alone)
+                   for (b, k), t in self._lent_times.items())
+
+    def _own_workers(self) -> int:
+        """The workers training that were granted to this fit, not lent (what its damper sees)."""
+        lent = set(self.members.grant.lent) if self.members.grant else set()
+        return len([w for w in self.workers if w not in lent])
 
     def _target_shards(self, batch_size: int | None = None, workers: list[str] | None = None) -> int:
         """The shards an update of ``batch_size`` examples is cut into.
