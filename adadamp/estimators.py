@@ -375,9 +375,10 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
 
     # -------------------------------------- the client, pickling and cloning
     def _client(self):
-        """The client this estimator works with: its own (a pickled one connected once per process,
+        """The client this estimator works with: its own (a pickled one connected in this process,
         :mod:`adadamp.pickled_client`), the current one, the default client of the process that sent
-        it here (a joblib worker process), or None (the embedded cluster)."""
+        it here (a joblib worker process), or None (the embedded cluster).  Hold it for the call with
+        :meth:`_call_client`."""
         if self.client is not None:
             return pickled_client.resolve(self.client)
         client = cl.active_client()
@@ -385,6 +386,13 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         if client is None and sender is not None:
             return sender.resolve(type(self).__name__)
         return client
+
+    def _call_client(self, needed: bool = True):
+        """A context holding :meth:`_client` (None where not ``needed``) for one call: a connection
+        made in this process for a pickled estimator is closed after the last call using it, unless
+        a backend is kept open on it (``partial_fit``)."""
+        return pickled_client.in_use(self._client() if needed else None,
+                                     keep=lambda: self.__dict__.get("_kept_backend") is not None)
 
     def __getattr__(self, name: str):
         """Only reached for a missing attribute: the original adadamp's names get their new spelling."""

@@ -148,9 +148,14 @@ class FitMixin:
             raise ValueError("sample_weight is not taken with a torch Dataset as X: weight the examples' loss in "
                              "the criterion, or fit arrays.")
         params = self.get_params(deep=False)
-        client = self._client()
-        policy = cl.ClusterPolicy.of(params, embedded=client is None)
-        with cl.reading_client(client, policy, workers_read=convert.is_dataset(X)) as (client, policy):
+        with self._call_client() as client:
+            return self._fit_with(client, X, y, epochs=epochs, fresh=fresh, classes=classes, keep=keep,
+                                  sample_weight=sample_weight, callbacks=callbacks, params=params)
+
+    def _fit_with(self, given, X, y, *, epochs, fresh, classes, keep, sample_weight, callbacks, params):
+        """:meth:`_fit` on the ``given`` client (None: the embedded cluster)."""
+        policy = cl.ClusterPolicy.of(params, embedded=given is None)
+        with cl.reading_client(given, policy, workers_read=convert.is_dataset(X)) as (client, policy):
             targets = self._targets(fresh, classes)
             made = make_source(
                 X, y, targets, estimator=self, fresh=fresh, client=client, sample_weight=sample_weight,

@@ -4,8 +4,12 @@ another process (a joblib worker process of ``GridSearchCV(n_jobs=k)``, ``cross_
 A ``distributed.Client`` is a live connection and does not pickle.  An estimator's ``client=`` is
 pickled as :class:`PickledClient`: the scheduler's address and the client's ``Security``.  In the
 process that unpickles it, it stays a :class:`PickledClient` (``get_params()["client"]``) and is
-connected when a fit needs it: once per process and scheduler (:meth:`PickledClient.client`); in the
-process whose client it was, it becomes that client again.
+connected when a fit needs it: one connection per process and scheduler (:meth:`PickledClient.client`),
+shared by the calls that run at once there, and closed when the last of them ends
+(:func:`in_use`), unless an estimator keeps a backend open on it; in the process whose client it
+was, it becomes that client again.  A connection held between calls outlived the scheduler it
+connected to: when the user's cluster closed after a search, each joblib worker process's client
+tried to reconnect, and logged the attempt's traceback at ERROR when the process exited.
 
 Credentials travel only to this user's child processes: a pickle made for joblib's worker
 processes (loky's pickler) or for ``multiprocessing`` / ``concurrent.futures`` (their
@@ -39,6 +43,7 @@ logger = logging.getLogger(__name__)
 _LOCK = threading.Lock()  # one connection per scheduler per process, however many threads fit at once
 _KNOWN: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # address -> this process's pickled clients
 _CONNECTED: dict[str, Client] = {}  # address -> the client this process made for unpickled estimators
+_USES: dict[str, int] = {}  # address -> the calls of this process using the client made for it now
 _INHERITED: list = []  # a forked child's copies of its parent's clients: never used, closed nor collected
 _WARNED: set[str] = set()  # what this process has warned about once
 
@@ -51,7 +56,8 @@ class PickledClient:
     """A Dask client as an estimator's pickle keeps it: its scheduler's address and ``Security``.
 
     ``get_params()["client"]`` of an estimator unpickled in another process.  It connects when a
-    fit (or a prediction on dask data) needs the cluster, once per process and address.
+    fit (or a prediction on dask data) needs the cluster: one connection per process and address
+    at a time (:func:`in_use`).
 
     Parameters
     ----------
@@ -91,7 +97,7 @@ class PickledClient:
 
     def client(self) -> Client:
         """A running client of this scheduler: this process's own (the one pickled, or the current
-        client when it is connected there), else one made now, once per process and address.
+        client when it is connected there), else the one made for this address (made now if none is open).
 
         Raises
         ------
@@ -217,6 +223,30 @@ def unpickled(client):
 def resolve(client):
     """The ``distributed.Client`` an estimator's ``client`` parameter names (None stays None)."""
     return client.client() if isinstance(client, PickledClient) else client
+
+
+@contextlib.contextmanager
+def in_use(client: Client | None, keep=lambda: False):
+    """Hold ``client`` for one estimator call; a client this process made for unpickled estimators
+    is closed when the last call holding it ends, unless ``keep()`` (the estimator keeps a backend
+    open on it for its next call)."""
+    address = _address(client) if client is not None else None
+    with _LOCK:
+        made = address is not None and _CONNECTED.get(address) is client
+        if made:
+            _USES[address] = _USES.get(address, 0) + 1
+    try:
+        yield client
+    finally:
+        if made:
+            with _LOCK:
+                _USES[address] -= 1
+                close = _USES[address] == 0 and _CONNECTED.get(address) is client and not keep()
+                if close:
+                    del _CONNECTED[address], _USES[address]
+            if close:
+                with contextlib.suppress(Exception):
+                    client.close(timeout=2)
 
 
 def _nothing():

@@ -30,7 +30,8 @@ class _Predictor:
     def _forward(self, X):
         """The module's outputs for ``X`` (:func:`adadamp.inference.outputs`)."""
         check_is_fitted(self)
-        return inference.outputs(self.module_, X, self, self._client() if convert.is_dataset(X) else None)
+        with self._call_client(needed=convert.is_dataset(X)) as client:
+            return inference.outputs(self.module_, X, self, client)
 
     def score(self, X, y=None, sample_weight=None) -> float:
         """Mean accuracy (classifier) or R^2 (regressor) of :meth:`predict` on ``X``, as scikit-learn's.
@@ -55,11 +56,11 @@ class _Predictor:
         >>> DaskClassifier(max_epochs=5).fit(X, y).score(X_test, y_test)  # doctest: +SKIP
         0.96
         """
-        client = self._client() if convert.is_dataset(X) or convert.is_dask(X) else None  # in memory: no cluster
-        X, y = inference.scoring_inputs(X, y, client)
-        if convert.is_dask(X):
-            with cl.as_current(client):
-                return self._dask_metric(self.predict(X), y, sample_weight)
+        with self._call_client(needed=convert.is_dataset(X) or convert.is_dask(X)) as client:  # in memory: none
+            X, y = inference.scoring_inputs(X, y, client)
+            if convert.is_dask(X):
+                with cl.as_current(client):
+                    return self._dask_metric(self.predict(X), y, sample_weight)
         return super().score(X, y, sample_weight=sample_weight)  # ClassifierMixin's or RegressorMixin's
 
 

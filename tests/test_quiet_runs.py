@@ -9,6 +9,9 @@ reported.
 * an all-reduce fit's workers closing: ``terminate called without an active exception`` (an
   abort).  The group kept for the next fit was destroyed on a daemon thread that the exiting
   interpreter ended inside the group's C++ destructor.
+* a loky search on the user's cluster, the cluster closed, the script exiting: a traceback at
+  ERROR from each joblib worker process.  Each held its connection to the scheduler between
+  calls, tried to reconnect when the scheduler closed, and was cut off at exit.
 """
 
 import logging
@@ -103,3 +106,38 @@ def test_an_allreduce_fits_workers_close_without_an_abort(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]  # an abort: -6
     assert proc.stdout.split().count("releasing") == 2 and "releasing 1" not in proc.stdout, proc.stdout
     assert alarms(proc.stderr, of=("terminate called", "Fatal Python error", " - ERROR - ")) == [], proc.stderr[-3000:]
+
+
+def test_a_loky_search_on_the_users_cluster_ends_without_a_traceback(tmp_path):
+    """joblib's worker processes outlive the search (loky keeps them for the next one); a connection
+    they held to the user's scheduler between calls tried to reconnect when the user closed the
+    cluster, and each process logged the attempt's traceback at ERROR on its way out.  The search's
+    processes also say that they connected once per call and let go after it."""
+    proc = run_script(tmp_path, """
+        import time
+        import joblib
+        import numpy as np
+        from distributed import Client, LocalCluster
+        from sklearn.model_selection import GridSearchCV
+        from adadamp import DaskClassifier
+
+        def connections():
+            from adadamp import pickled_client
+            return len(pickled_client._CONNECTED)
+
+        if __name__ == "__main__":
+            rng = np.random.default_rng(0)
+            X = rng.normal(size=(256, 4)).astype("float32")
+            y = (X[:, 0] > 0).astype(int)
+            with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, \\
+                    Client(cluster) as client:
+                est = DaskClassifier(client=client, max_epochs=2, random_state=0)
+                search = GridSearchCV(est, {"optimizer__lr": [0.01, 0.1]}, cv=2, n_jobs=2).fit(X, y)
+                held = joblib.Parallel(n_jobs=2)(joblib.delayed(connections)() for _ in range(4))
+                print("held", sum(held), "score", search.best_score_, flush=True)
+            time.sleep(3)  # the worker processes, still alive, see the scheduler go
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "held 0 score" in proc.stdout, proc.stdout
+    assert alarms(proc.stderr) == [], proc.stderr[-3000:]
+
