@@ -226,3 +226,36 @@ def test_streamed_data_works_with_checkpoints_weights_partial_fit_and_speed_shar
             est.partial_fit(X, y, classes=[0, 1])
         assert est.history_[-1]["n_samples_seen"] == 2 * 3000
         assert est.score(X, y) > 0.8
+
+
+def test_a_streamed_fit_on_a_growing_cluster_trains_as_on_a_fixed_one(three_workers):
+    """GeoDamp 128 -> 512 with ``scale_cluster=True`` on a cluster started with one worker: the
+    cluster grows with the batch while the blocks stream, each update's examples are the
+    documented order's, and the weights are bitwise those of the same fit on a fixed cluster of
+    three (the same shards: the workers the batch wants)."""
+    from adadamp.dampers import GeoDamp
+
+    X, y = _data(n=3000)
+    params = {"module": Wide, "optimizer": torch.optim.SGD, "optimizer__lr": 0.05, "max_epochs": 3,
+              "random_state": 4, "dask_data": "stream", "grads_per_worker": 128, "max_workers": 3,
+              "batch_size": GeoDamp(initial=128, delay=1, factor=2, max_batch_size=512)}
+    with dask.config.set({"adadamp.debug.digests": True, "adadamp.stream.window": 2}):
+        fixed = DaskClassifier(client=three_workers, **params).fit(X, y)
+        with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None,
+                          silence_logs=logging.ERROR) as cluster, Client(cluster, set_as_default=False) as client:
+            grown = DaskClassifier(client=client, scale_cluster=True, **params).fit(X, y)
+    workers = [row["n_workers"] for row in grown.history_]
+    assert workers[0] == 1 and workers[-1] == 3, workers  # the cluster grew with the batch
+    assert grown.meta_["data"] == "streamed"
+    sizes = [u["batch_size"] for u in _updates(grown)]
+    order = StreamOrder(grown.loop_.seed, tuple(X.chunks[0]), 2)
+    expected, at, epoch = [], 0, 0
+    perm = order.permutation(0)
+    for size in sizes:  # each update's examples: the next of the documented order
+        if at >= 3000:
+            epoch, at = epoch + 1, 0
+            perm = order.permutation(epoch)
+        expected.append(examples_digest(perm[at : at + size]))
+        at += size
+    assert [u["examples_digest"] for u in _updates(grown)] == expected
+    np.testing.assert_array_equal(_weights(grown), _weights(fixed))
