@@ -230,9 +230,9 @@ def in_use(client: Client | None, keep=lambda: False):
     """Hold ``client`` for one estimator call; a client this process made for unpickled estimators
     is closed when the last call holding it ends, unless ``keep()`` (the estimator keeps a backend
     open on it for its next call)."""
-    address = _address(client) if client is not None else None
-    with _LOCK:
-        made = address is not None and _CONNECTED.get(address) is client
+    with _LOCK:  # by identity: nothing of a client this process did not make is touched
+        address = next((a for a, made in _CONNECTED.items() if made is client), None)
+        made = address is not None
         if made:
             _USES[address] = _USES.get(address, 0) + 1
     try:

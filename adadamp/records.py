@@ -365,7 +365,7 @@ class UpdateRecord:
     shares: list[int] | None = None
     stragglers: list[int] | None = None
     lost: int | None = None
-    lent: int = 0
+    lent: int | None = None
 
     def row(self) -> dict:
         """The record as a row of ``history_[i]["updates"]`` (a shallow dict: every field is a

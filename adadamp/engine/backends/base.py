@@ -369,7 +369,7 @@ class Backend(Sizing, abc.ABC):
         self.loop.advance(n, plan.progress, loss)
         self._recent.append(t_step - t_start)
         record = self._record(n, lr, loss, total, t_start, t_sent, t_back, t_agg, t_step)
-        self._time_lent(batch.size, int(n), record.lent, t_step - t_start)
+        self._time_lent(batch.size, int(n), record.lent or 0, t_step - t_start)
         self.damper.observe(record)
         return {**record.row(), **self.damper.explain()}
 
