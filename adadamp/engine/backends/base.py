@@ -328,7 +328,8 @@ class Backend(Sizing, abc.ABC):
         self.members.refresh()
         self._follow_speeds()
         running = self.members.running()
-        state = self.loop.train_state(self._own_workers(), self._worker_budget(running), min(running, self.policy.max_workers))
+        own = len(self.workers) - len(self._lent_workers())
+        state = self.loop.train_state(own, self._worker_budget(running), min(running, self.policy.max_workers))
         batch_size = int(self.damper.next_batch_size(state))
         if batch_size < 1:
             raise ValueError(f"{type(self.damper).__name__} asked for batch size {batch_size}; it must be >= 1.")
@@ -425,7 +426,7 @@ class Backend(Sizing, abc.ABC):
             shares=[int(total.per_worker.get(w, (0,))[0]) for w in self.workers],
             stragglers=self.speeds.stragglers(self.workers),
             lost=len(set(self.members.lost_in_rounds)),
-            lent=len(self.workers) - self._own_workers(),
+            lent=len(self._lent_workers()),
             **digests,
         )
 

@@ -139,7 +139,7 @@ class Sizing:
         if not self.lends or self.policy.shares != "speed" or not self.workers or self._lent_slower(batch_size):
             return 0
         n, n_shards = self.members.wanted(batch_size), self._target_shards(batch_size)
-        lent = [w for w in self.workers if w in self.members.grant.lent]
+        lent = self._lent_workers()
         own = [w for w in self.workers if w not in lent]
         room = min(self.policy.max_workers, n_shards) - n
         return self.speeds.helpers(own, lent, n_shards, room, batch_size)
@@ -160,10 +160,10 @@ class Sizing:
                    and np.median(t) * (1 + REBALANCE_GAIN) > np.median(alone)
                    for (b, k), t in self._lent_times.items())
 
-    def _own_workers(self) -> int:
-        """The workers training that were granted to this fit, not lent (what its damper sees)."""
-        lent = set(self.members.grant.lent) if self.members.grant else set()
-        return len([w for w in self.workers if w not in lent])
+    def _lent_workers(self) -> list[str]:
+        """The workers training that were lent to this fit, not granted (its damper does not see them)."""
+        lent = self.members.grant.lent if self.members.grant else ()
+        return [w for w in self.workers if w in lent]
 
     def _target_shards(self, batch_size: int | None = None, workers: list[str] | None = None) -> int:
         """The shards an update of ``batch_size`` examples is cut into.
