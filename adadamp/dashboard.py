@@ -518,13 +518,13 @@ function cells(table, rows) {  // text only: what fits published is never parsed
 }
 function fmt(v, digits) { return (typeof v === "number") ? Number(v.toPrecision(digits)) : v; }
 const blanks = column => Array.isArray(column) ? column.map(v => v === null ? NaN : v) : column;
+const SERIES = ["updates", "epochs", "lost"];
 async function plot(doc) {  // each series' columns, a value never reported (null) as NaN: a gap, not a 0
-  for (const what of ["updates", "epochs", "lost"]) {
-    const src = doc.get_model_by_name(what);
-    const url = dataUrl + "?what=" + what + "&fit=" + encodeURIComponent(fit);
-    const data = await (await fetch(url)).json();
-    src.data = Object.fromEntries(Object.entries(data).map(([k, v]) => [k, blanks(v)]));
-  }
+  const fetched = await Promise.all(SERIES.map(async what =>
+    (await fetch(dataUrl + "?what=" + what + "&fit=" + encodeURIComponent(fit))).json()));
+  SERIES.forEach((what, i) => {  // all at once, once all arrived: the plots never show one poll's updates with another's
+    doc.get_model_by_name(what).data = Object.fromEntries(Object.entries(fetched[i]).map(([k, v]) => [k, blanks(v)]));
+  });
 }
 const select = document.getElementById("fits");
 select.addEventListener("change", () => { window.location.search = "?fit=" + encodeURIComponent(select.value); });

@@ -198,19 +198,20 @@ def test_predict_on_dask_runs_on_the_workers_and_returns_dask(client, clf_arrays
     assert one.predict(dX).compute().shape == (len(X),)
 
 
-def _fit_segments_shared_with_dask(dask_worker) -> list[bool]:
-    """On a worker: for each block segment of a running fit, whether it is Dask's partition itself."""
+def _fit_segments_shared_with_dask(dask_worker, fits: set[str]) -> list[bool]:
+    """On a worker: for each block segment of the running ``fits``, whether it is Dask's partition
+    itself (an earlier test's fit may still be held here, its partitions released by Dask)."""
     from adadamp.worker import plugin as _worker
 
     held = [v for v in dask_worker.data.values() if isinstance(v, np.ndarray)]
     return [
         any(np.shares_memory(X, a) for a in held) and X_dev.data_ptr() == X.ctypes.data
-        for state in _worker.TRAINER.fits.values()
+        for fit, state in _worker.TRAINER.fits.items() if fit in fits
         for X, _, X_dev, _ in state.data._segments.values()
     ]
 
 
-def test_workers_hold_each_example_once(client):
+def test_workers_hold_each_example_once(client, new_fits):
     """A dask partition placed on a worker is trained on where Dask holds it: no second copy."""
     from adadamp.callbacks import Callback
 
@@ -218,7 +219,9 @@ def test_workers_hold_each_example_once(client):
 
     class Look(Callback):
         def on_epoch_end(self, estimator, row=None, **info):
-            seen.extend(v for values in client.run(_fit_segments_shared_with_dask).values() for v in values)
+            mine = new_fits()
+            assert len(mine) == 1, mine
+            seen.extend(v for values in client.run(_fit_segments_shared_with_dask, fits=mine).values() for v in values)
 
     rng = np.random.default_rng(2)
     # Each half on its own worker, as the fit's two shards (runs of consecutive partitions) are
