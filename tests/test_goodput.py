@@ -437,7 +437,9 @@ def test_grows_batch_and_workers_as_the_noise_scale_grows():
     noise = [u["noise_scale"] for u in updates if np.isfinite(u["noise_scale"])]
     assert noise[-1] > 3 * noise[0]  # the noise scale grew, and with it the batch ...
     grew = next(i for i, w in enumerate(workers) if w == 2)
-    assert batches[grew] > 8 and all(w == 1 for w in workers[:grew])  # ... then the workers
+    # ... then the workers (the update they joined at may be an epoch's ragged last batch: the
+    # schedule had grown before it)
+    assert max(batches[: grew + 1]) > 8 and all(w == 1 for w in workers[:grew])
     assert all(np.isfinite(u["predicted_throughput"]) for u in updates[grew:])
     assert est.score(X, y) > 0.75  # R^2; the label noise bounds it at about 0.89
 
