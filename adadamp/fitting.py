@@ -162,7 +162,7 @@ class FitMixin:
                 seed=functools.partial(building.draw_seed, self.random_state) if fresh else lambda: self.loop_.seed,
                 validation_fraction=self.validation_fraction,
                 loading={"threads": int(self.dataset_threads), "cache": bool(self.dataset_cache)},
-                dask_data=self.dask_data, streams=self.backend != "allreduce",
+                dask_data=self.dask_data,
             )
             if fresh:
                 state = building.initial_state(params, made, targets)

@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .wire.batches import StreamOrder
+
 
 @dataclass
 class GradientReply:
@@ -111,6 +113,11 @@ class ReplicaSettings:
     timeout: float  # seconds a collective may run before its members look for a failed peer
     bucket_mb: float  # the size of the gradient buckets all-reduced during the backward pass
     applied: int  # the updates the payload's state has taken: steps are numbered from it, none taken twice
+    stream: StreamOrder | None = None  # streamed data: the order its members find their examples in
+
+    def __post_init__(self):
+        if isinstance(self.stream, dict):  # as it crossed the RPC
+            self.stream = StreamOrder(**self.stream)
 
 
 @dataclass

@@ -18,8 +18,8 @@ from torch import nn
 
 from adadamp import DaskClassifier, DaskRegressor
 from adadamp.data.memory import rooms
-from adadamp.data.streaming import StreamOrder
 from adadamp.records import examples_digest
+from adadamp.wire.batches import StreamOrder
 
 
 # ---------------------------------------------------------------------- the order
@@ -136,11 +136,29 @@ def test_a_streamed_fit_holds_a_few_blocks_per_worker(three_workers):
     assert seen and 0 < max(seen) <= 3 * 4, max(seen)  # its part of three windows at most, never the 48 blocks
 
 
-def test_streaming_with_the_allreduce_backend_is_refused_with_the_fix(three_workers):
-    X, y = _data(n=1000)
-    est = DaskClassifier(module=Wide, max_epochs=1, backend="allreduce", dask_data="stream", client=three_workers)
-    with pytest.raises(ValueError, match="backend='parameter-server'"):
-        est.fit(X, y)
+def test_allreduce_streams_in_the_documented_order_and_survives_a_killed_worker(three_workers):
+    """backend='allreduce' on streamed data: each update's examples are the documented order's (the
+    members find them from the order their set-up carries), the weights those of the parameter
+    server's streamed fit up to summation order, and a worker SIGKILLed mid-epoch changes neither."""
+    client = three_workers
+    X, y = _data(n=3000)
+    params = {"module": Wide, "optimizer": torch.optim.SGD, "optimizer__lr": 0.05, "max_epochs": 2, "batch_size": 150,
+              "random_state": 0, "min_workers": 3, "dask_data": "stream", "client": client}
+    with dask.config.set({"adadamp.debug.digests": True, "adadamp.stream.window": 3}):
+        server = DaskClassifier(**params).fit(X, y)
+        calm = DaskClassifier(backend="allreduce", **params).fit(X, y)
+        pids = list(client.run(os.getpid).values())
+        _CLUSTERS.update(client=client)
+        hurt = DaskClassifier(**{**params, "batch_size": KillAt(batch_size=150, kill={12: pids[2], 18: "wait",
+                                                                                      20: "settle"})},
+                              backend="allreduce").fit(X, y)
+    assert calm.meta_["data"] == "streamed"
+    expected = _digests(calm, 3000, X.chunks[0], 3, 150)
+    for est in (server, calm, hurt):
+        assert [u["examples_digest"] for u in _updates(est)] == expected
+    assert min(u["n_workers"] for u in _updates(hurt)) == 2  # the loss was seen
+    np.testing.assert_allclose(_weights(calm), _weights(server), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(_weights(hurt), _weights(calm), rtol=1e-4, atol=1e-6)
 
 
 def _peak_rss(client, stop: threading.Event, out: list):

@@ -153,7 +153,7 @@ class Placement:
         self.shard_of = np.zeros(self.n_blocks, dtype=np.int64)  # shard of each block
         self.holder = np.zeros(0, dtype=np.int64)  # rank of each shard
         self.owner = np.zeros(self.n_blocks, dtype=np.int64)  # rank of each block
-        #: Streamed data (:class:`~adadamp.data.streaming.StreamOrder`): the blocks' shards follow the data epoch.
+        #: Streamed data (:class:`~adadamp.wire.batches.StreamOrder`): the blocks' shards follow the data epoch.
         self.order = None
         self.epoch = 0
 

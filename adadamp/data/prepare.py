@@ -52,7 +52,6 @@ class FitData:
 def make_source(
     X, y, targets: Targets, *, estimator, fresh: bool, client, seed: Callable[[], int], sample_weight=None,
     validation_fraction: float | None = None, loading: dict | None = None, dask_data: str = "auto",
-    streams: bool = True,
 ) -> FitData:
     """``X, y`` of any accepted kind as a data source, checked once.
 
@@ -81,9 +80,6 @@ def make_source(
     dask_data : {"auto", "persist", "stream"}
         Whether a dask ``X`` is persisted on the workers or streamed through them
         (:mod:`adadamp.data.streaming`); "auto": streamed when persisting would not fit.
-    streams : bool
-        Whether the backend trains on streamed data (the parameter server does, the all-reduce
-        backend does not: data it would stream is refused).
 
     Returns
     -------
@@ -93,8 +89,7 @@ def make_source(
         made = _dataset_source(X, y, targets, estimator, fresh, client, validation_fraction, loading or {})
         path = "read"
     elif convert.is_dask(X):
-        made = _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validation_fraction, dask_data,
-                            streams)
+        made = _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validation_fraction, dask_data)
         path = "streamed" if isinstance(made[0], StreamedDaskData) else "persisted"
     else:
         return _array_source(X, y, targets, estimator, fresh, seed, sample_weight, validation_fraction)
@@ -127,8 +122,7 @@ def _no_holdout(validation_fraction, split_with: str) -> None:
                          "or leave validation_fraction=None.")
 
 
-def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validation_fraction, dask_data="auto",
-                 streams=True):
+def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validation_fraction, dask_data="auto"):
     """A dask ``X, y`` checked and encoded on the cluster, persisted there or streamed (``dask_data``);
     returns the data source, the first two examples, the target attributes and whether it is weighted."""
     if convert.dask_frame_types() and isinstance(X, convert.dask_frame_types()):
@@ -148,12 +142,6 @@ def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validat
         with contextlib.suppress(ValueError):  # a misaligned one is refused below, with its message
             weights = [convert.aligned(sample_weight, X).astype(np.float64)]
     stream = dask_data == "stream" or (dask_data == "auto" and not memory.fits([X, y, *weights], workers))
-    if stream and not streams:
-        raise ValueError(
-            "backend='allreduce' trains on dask data persisted on the workers, and this data does not fit in "
-            "their memory (or dask_data='stream'): use backend='parameter-server', which streams it, or workers "
-            "with more memory. Nothing was computed."
-        )
     if stream:  # blocks small enough for a worker to hold the windows it needs; no matter how many workers
         window = streaming.window()
         rows = memory.stream_rows([X, y, *weights], workers, window, streaming.WINDOWS_HELD)  # refused here at once

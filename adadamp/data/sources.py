@@ -103,7 +103,7 @@ class DataSource:
         """Let go of what the source holds on the cluster, once no backend uses it (nothing here)."""
 
     def order(self, seed: int):
-        """The order of a streamed source's epochs (:class:`~adadamp.data.streaming.StreamOrder`);
+        """The order of a streamed source's epochs (:class:`~adadamp.wire.batches.StreamOrder`);
         None: one seeded permutation of all the examples per epoch."""
         return
 

@@ -1,6 +1,6 @@
 """A dask collection bigger than the workers' memory, streamed through them a few blocks at a time.
 
-The order of data epoch ``e`` (:class:`StreamOrder`), seeded by the fit's seed and ``e`` alone,
+The order of data epoch ``e`` (:class:`~adadamp.wire.batches.StreamOrder`), seeded by the fit's seed and ``e`` alone,
 so it is the same on any number of workers and after any loss:
 
 1. the blocks (the collection's partitions along axis 0) in a random order;
@@ -23,8 +23,6 @@ where its shards go.  Pure but for :class:`StreamedDaskData`'s task submission.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 
 import cloudpickle
@@ -36,6 +34,7 @@ from dask.optimization import cull
 from distributed import Client, Future
 
 from ..records import BlockMove
+from ..wire.batches import WINDOW, StreamOrder
 from ..wire.lost import LOST
 from ..worker.plugin import stream_block
 from .placement import Placement
@@ -43,8 +42,6 @@ from .sources import DataSource, Transport, _data_call, _lost_ones, wait_for_tas
 
 logger = logging.getLogger(__name__)
 
-#: Blocks per window of the streamed order (dask config ``adadamp.stream.window``).
-WINDOW = 8
 #: The windows a worker holds blocks of at most (a batch smaller than a window): the one or two
 #: the current batch draws from (it may straddle two) and the next.
 WINDOWS_HELD = 3
@@ -56,78 +53,6 @@ def window() -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"dask config adadamp.stream.window={value!r}: give a whole number of blocks >= 1.")
     return value
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamOrder:
-    """The streamed order of a fit seeded ``seed`` over blocks of ``lengths`` examples.
-
-    Examples
-    --------
-    >>> order = StreamOrder(0, (3, 3, 2, 2), window=2)
-    >>> perm = order.permutation(0)
-    >>> sorted(perm.tolist()) == list(range(10))  # every example once
-    True
-    >>> [sorted(set(order.block_of(perm[:5]).tolist())) == sorted(order.windows(0)[0]) for _ in "x"]
-    [True]
-    >>> order.shard_of(0, 2).tolist().count(0), order.shard_of(0, 2).tolist().count(1)  # two blocks each
-    (2, 2)
-    """
-
-    seed: int
-    lengths: tuple[int, ...]
-    window: int = WINDOW
-
-    @functools.cached_property
-    def starts(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
-
-    @property
-    def n_blocks(self) -> int:
-        return len(self.lengths)
-
-    def block_order(self, epoch: int) -> np.ndarray:
-        """The blocks of data epoch ``epoch`` in the order it visits them."""
-        return np.random.default_rng([self.seed, epoch, 1]).permutation(self.n_blocks)
-
-    def windows(self, epoch: int) -> list[list[int]]:
-        """The blocks of each window of ``epoch``, in order."""
-        order = self.block_order(epoch).tolist()
-        return [order[i : i + self.window] for i in range(0, len(order), self.window)]
-
-    def permutation(self, epoch: int) -> np.ndarray:
-        """The examples of data epoch ``epoch`` in order: each window's examples shuffled together."""
-        parts = []
-        for k, blocks in enumerate(self.windows(epoch)):
-            idx = np.concatenate([np.arange(self.starts[b], self.starts[b] + self.lengths[b]) for b in blocks])
-            parts.append(np.random.default_rng([self.seed, epoch, 2, k]).permutation(idx))
-        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
-
-    def shard_of(self, epoch: int, n_shards: int) -> np.ndarray:
-        """The shard of each block in ``epoch``: its place in the block order modulo ``n_shards``."""
-        shard = np.empty(self.n_blocks, dtype=np.int64)
-        shard[self.block_order(epoch)] = np.arange(self.n_blocks, dtype=np.int64) % max(1, n_shards)
-        return shard
-
-    def block_of(self, idx: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.starts, np.asarray(idx, dtype=np.int64), side="right") - 1
-
-    def window_of(self, epoch: int) -> np.ndarray:
-        """The window of each block in ``epoch``."""
-        where = np.empty(self.n_blocks, dtype=np.int64)
-        where[self.block_order(epoch)] = np.arange(self.n_blocks, dtype=np.int64) // self.window
-        return where
-
-    def needed(self, epoch: int, idx: np.ndarray) -> tuple[list[int], tuple[int, list[int]]]:
-        """The blocks of the windows a batch ``idx`` of ``epoch`` draws from, and the next window
-        after them as ``(its epoch, its blocks)`` (the first of the next epoch after the last)."""
-        windows = self.windows(epoch)
-        used = sorted(set(self.window_of(epoch)[self.block_of(idx)].tolist())) if len(idx) else [0]
-        now = [b for k in used for b in windows[k]]
-        last = used[-1]
-        nxt = (epoch, windows[last + 1]) if last + 1 < len(windows) else (epoch + 1, self.windows(epoch + 1)[0])
-        return now, nxt
-
 
 
 class StreamedDaskData(DataSource):

@@ -6,16 +6,19 @@ The examples of an update are a slice of one seeded permutation per data epoch
 client draws batches from these (:mod:`adadamp.dampers.clock`, :mod:`adadamp.data.placement`);
 an all-reduce member computes its own shards' examples (and their dropout seeds) from a
 :class:`BatchPlan`, so a request carries three integers instead of every example index, and the
-placement only when it changed.
+placement only when it changed.  Streamed data (:class:`StreamOrder`) has its own order of
+examples and of blocks' shards per data epoch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
-__all__ = ["BATCH_VALUES", "LAYOUT_VALUES", "BatchPlan", "dropout_seed", "epoch_permutation", "next_keys", "shard_of_blocks"]
+__all__ = ["BATCH_VALUES", "LAYOUT_VALUES", "WINDOW", "BatchPlan", "StreamOrder", "dropout_seed", "epoch_permutation",
+           "next_keys", "shard_of_blocks"]
 
 
 def epoch_permutation(seed: int, data_epoch: int, n: int) -> np.ndarray:
@@ -138,12 +141,14 @@ class BatchPlan:
         """Each of the member's shards' dropout seed in update ``n_updates`` (as the client's :func:`dropout_seed`)."""
         return np.array([dropout_seed(self.seed, n_updates, g) for g in self.shards.tolist()], dtype=np.int64)
 
-    def indices(self, perm: np.ndarray, block_of) -> tuple[np.ndarray, np.ndarray]:
+    def indices(self, perm: np.ndarray, block_of, shard_of: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The member's examples in the batch, shard after shard (each in the batch's order), and
         the example count of each of its shards.
 
         ``perm``: the data epoch's permutation (:func:`epoch_permutation`); ``block_of(indices)``:
-        the block of each index (-1 where it is not held here), used when blocks have their own sizes.
+        the block of each index (-1 where it is not held here), used when blocks have their own
+        sizes; ``shard_of``: each block's shard (None: :func:`shard_of_blocks`; streamed data:
+        :meth:`StreamOrder.shard_of` of the data epoch).
         """
         idx = perm[self.start : self.stop]
         if self.block_size:
@@ -152,7 +157,7 @@ class BatchPlan:
             block = np.asarray(block_of(idx), dtype=np.int64)
         held = block >= 0
         shard = np.full(len(idx), -1, dtype=np.int64)
-        shard[held] = shard_of_blocks(self.n_blocks, self.n_shards)[block[held]]
+        shard[held] = (shard_of_blocks(self.n_blocks, self.n_shards) if shard_of is None else shard_of)[block[held]]
         mine = [idx[shard == g] for g in self.shards.tolist()]
         counts = np.array([len(m) for m in mine], dtype=np.int64)
         return (np.concatenate(mine) if mine else idx[:0]), counts
@@ -166,3 +171,84 @@ class BatchPlan:
                          perm if epoch == data_epoch else None)[:n]
         shard = shard_of_blocks(self.n_blocks, self.n_shards)[(keys % n) // self.block_size]
         return keys[np.isin(shard, self.shards)]
+
+
+#: Blocks per window of the streamed order (dask config ``adadamp.stream.window``).
+WINDOW = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamOrder:
+    """The streamed order of a fit seeded ``seed`` over blocks of ``lengths`` examples
+    (:mod:`adadamp.data.streaming`: a permutation of the blocks cut into windows of ``window``,
+    each window's examples shuffled together), the same on the client and on the all-reduce
+    members, which find their examples of a batch from it.
+
+    Examples
+    --------
+    >>> order = StreamOrder(0, (3, 3, 2, 2), window=2)
+    >>> perm = order.permutation(0)
+    >>> sorted(perm.tolist()) == list(range(10))  # every example once
+    True
+    >>> [sorted(set(order.block_of(perm[:5]).tolist())) == sorted(order.windows(0)[0]) for _ in "x"]
+    [True]
+    >>> order.shard_of(0, 2).tolist().count(0), order.shard_of(0, 2).tolist().count(1)  # two blocks each
+    (2, 2)
+    """
+
+    seed: int
+    lengths: tuple[int, ...]
+    window: int = WINDOW
+
+    def __post_init__(self):
+        object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))  # a list, as it crossed the RPC
+
+    @functools.cached_property
+    def starts(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.lengths)
+
+    def block_order(self, epoch: int) -> np.ndarray:
+        """The blocks of data epoch ``epoch`` in the order it visits them."""
+        return np.random.default_rng([self.seed, epoch, 1]).permutation(self.n_blocks)
+
+    def windows(self, epoch: int) -> list[list[int]]:
+        """The blocks of each window of ``epoch``, in order."""
+        order = self.block_order(epoch).tolist()
+        return [order[i : i + self.window] for i in range(0, len(order), self.window)]
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The examples of data epoch ``epoch`` in order: each window's examples shuffled together."""
+        parts = []
+        for k, blocks in enumerate(self.windows(epoch)):
+            idx = np.concatenate([np.arange(self.starts[b], self.starts[b] + self.lengths[b]) for b in blocks])
+            parts.append(np.random.default_rng([self.seed, epoch, 2, k]).permutation(idx))
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+    def shard_of(self, epoch: int, n_shards: int) -> np.ndarray:
+        """The shard of each block in ``epoch``: its place in the block order modulo ``n_shards``."""
+        shard = np.empty(self.n_blocks, dtype=np.int64)
+        shard[self.block_order(epoch)] = np.arange(self.n_blocks, dtype=np.int64) % max(1, n_shards)
+        return shard
+
+    def block_of(self, idx: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.starts, np.asarray(idx, dtype=np.int64), side="right") - 1
+
+    def window_of(self, epoch: int) -> np.ndarray:
+        """The window of each block in ``epoch``."""
+        where = np.empty(self.n_blocks, dtype=np.int64)
+        where[self.block_order(epoch)] = np.arange(self.n_blocks, dtype=np.int64) // self.window
+        return where
+
+    def needed(self, epoch: int, idx: np.ndarray) -> tuple[list[int], tuple[int, list[int]]]:
+        """The blocks of the windows a batch ``idx`` of ``epoch`` draws from, and the next window
+        after them as ``(its epoch, its blocks)`` (the first of the next epoch after the last)."""
+        windows = self.windows(epoch)
+        used = sorted(set(self.window_of(epoch)[self.block_of(idx)].tolist())) if len(idx) else [0]
+        now = [b for k in used for b in windows[k]]
+        last = used[-1]
+        nxt = (epoch, windows[last + 1]) if last + 1 < len(windows) else (epoch + 1, self.windows(epoch + 1)[0])
+        return now, nxt

@@ -38,7 +38,7 @@ import torch
 
 from ..exceptions import CollectiveError
 from ..records import CommitReply, GradientReply, StepVector, examples_digest, finite_update
-from ..wire.batches import BATCH_VALUES, BatchPlan, epoch_permutation
+from ..wire.batches import BATCH_VALUES, BatchPlan, StreamOrder, epoch_permutation
 from ..wire.optimizer_plan import apply_settings
 from ..wire.parameters import squared_norm, trainable
 from . import groups
@@ -77,7 +77,7 @@ class Replica(GroupMember):
     """
 
     def __init__(self, state: FitState, optimizer: torch.optim.Optimizer, *, fit_id: str, worker: Worker | None,
-                 timeout: float, bucket_mb: float, applied: int):
+                 timeout: float, bucket_mb: float, applied: int, stream: dict | None = None):
         super().__init__(fit_id=fit_id, worker=worker, timeout=timeout, device=state.device)
         self.state = state
         self.optimizer = optimizer
@@ -85,6 +85,8 @@ class Replica(GroupMember):
         self.pending: int | None = None
         self.announced: StepVector | None = None  # the pending update's own step, sent with its request
         self._perm, self._perm_key = None, None  # the data epoch's permutation, cached
+        self._shard_of: np.ndarray | None = None  # streamed data: the blocks' shards in that epoch
+        self.stream = None if stream is None else StreamOrder(**stream)  # streamed data's order
         self._layout: tuple[int, ...] | None = None  # the batch plans' layout the client sent last
         _warm_up()
         mb = 2**20
@@ -219,9 +221,14 @@ class Replica(GroupMember):
         row per shard with any (the seeds of update ``update``), and the keys it may load ahead.
         The client checks that the members' counts add up to its batch."""
         n = self.state.data.n_total
-        if self._perm_key != (plan.seed, epoch, n):
+        if self.stream is not None:  # streamed: the epoch's windowed order, and its blocks' shards
+            if self._perm_key != (plan.seed, epoch, n, plan.n_shards):
+                self._perm = self.stream.permutation(epoch)
+                self._shard_of = self.stream.shard_of(epoch, plan.n_shards)
+                self._perm_key = (plan.seed, epoch, n, plan.n_shards)
+        elif self._perm_key != (plan.seed, epoch, n):
             self._perm, self._perm_key = epoch_permutation(plan.seed, epoch, n), (plan.seed, epoch, n)
-        indices, counts = plan.indices(self._perm, self.state.data.block_of)
+        indices, counts = plan.indices(self._perm, self.state.data.block_of, self._shard_of)
         parts = np.column_stack([plan.dropout_seeds(update), counts])[counts > 0]
         return indices, parts, plan.ahead(n, epoch, self._perm)
 

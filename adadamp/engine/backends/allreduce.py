@@ -218,6 +218,7 @@ class AllReduce(Backend):
             timeout=collective_timeout(self.policy.update_timeout),
             bucket_mb=float(dask.config.get("adadamp.allreduce.bucket-mb", 25.0)),
             applied=self._payload_at,
+            stream=self.placement.order,
         )
         self._set_up_at[worker] = self._payload_at
         self._layouts.pop(worker, None)  # a fresh replica has heard no batch layout
@@ -428,6 +429,7 @@ class AllReduce(Backend):
 
         def one_round(_k: int) -> tuple[Totals | None, list[str]]:
             self._ensure_group()
+            self._stage(batch.idx, batch.epoch)  # streamed data: its blocks where the shards are now
             lp, placement = self.loop, self.placement
             counts = dict.fromkeys(range(placement.n_shards), 0)
             counts.update({g: len(sub) for g, sub in placement.shards(batch.idx)})
