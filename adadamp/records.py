@@ -21,8 +21,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .wire.batches import StreamOrder
-
 
 @dataclass
 class GradientReply:
@@ -113,11 +111,9 @@ class ReplicaSettings:
     timeout: float  # seconds a collective may run before its members look for a failed peer
     bucket_mb: float  # the size of the gradient buckets all-reduced during the backward pass
     applied: int  # the updates the payload's state has taken: steps are numbered from it, none taken twice
-    stream: StreamOrder | None = None  # streamed data: the order its members find their examples in
-
-    def __post_init__(self):
-        if isinstance(self.stream, dict):  # as it crossed the RPC
-            self.stream = StreamOrder(**self.stream)
+    #: Streamed data: the order its members find their examples in (a
+    #: :class:`~adadamp.wire.batches.StreamOrder`, a dict once it crossed the RPC; the replica makes it one again).
+    stream: Any = None
 
 
 @dataclass
