@@ -122,7 +122,9 @@ def test_joblib_dask_backend_fits_on_the_workers(client, digits):
     np.testing.assert_array_equal(remote.cv_results_["mean_test_on_worker"], [1.0, 1.0])
     np.testing.assert_array_equal(local.cv_results_["mean_test_on_worker"], [0.0, 0.0])
     n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
-    np.testing.assert_array_equal(local.cv_results_["mean_test_n_workers"], [n_workers] * 2)  # one fit at a time
+    # one fit at a time is granted its min_workers; the remote fits' wants may have grown the cluster
+    # past that, and a worker no fit wants is lent only where it speeds the fit up
+    assert all(2 <= n <= n_workers for n in local.cv_results_["mean_test_n_workers"])
     # fits running together divide the workers (adadamp.allocator); the parameter server's result
     # does not depend on the workers it was granted
     assert all(1 <= n <= n_workers for n in remote.cv_results_["mean_test_n_workers"])
