@@ -229,8 +229,11 @@ class AddWorkerAt(Constant):
             _Clusters.current.scale(3)
             _Clusters.client.wait_for_workers(3)
             time.sleep(2 * MEMBERSHIP_INTERVAL)  # the engine notices it ...
-        if state.n_updates == 5:
-            time.sleep(2.5)  # ... and sets it up in the background (the first optimizer in a process: ~1 s)
+        if state.n_updates == 5:  # ... and sets it up in the background (the first optimizer in a process: ~1 s,
+            deadline = time.monotonic() + 60  # far more on a loaded machine): wait until its replica is made
+            while sum(map(len, _Clusters.client.run(_replica_weights).values())) < 3 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(0.5)  # its set-up's reply reaches the engine
         return super().next_batch_size(state)
 
 
