@@ -4,7 +4,7 @@ workers' peak memory against the size of a dask array trained on.
 
     python -m benchmarks.data                 # all three (about 5 minutes on 2 cores)
     python -m benchmarks.data --quick         # tiny sizes (smoke test)
-    python -m benchmarks.data --part overlap  # one part: overlap, dask, setup, memory, stream
+    python -m benchmarks.data --part overlap  # one part: overlap, dask, setup, memory, stream, stream-zarr
 
 Every part runs on one LocalCluster of 2 single-threaded worker processes and compares within
 the run (ratios).  The numbers go to ``benchmarks/data.md`` (``data-quick.md`` with ``--quick``),
@@ -395,9 +395,10 @@ def _parquet_arrays(path: Path):
     return rows[:, :-1], rows[:, -1].astype(np.int64)
 
 
-def streamed(quick: bool) -> list[str]:
-    """A Parquet dataset 3x the cluster's memory streamed, against the same model on a part that
-    fits (persisted); then the accuracy cost of the streamed order against a full shuffle."""
+def streamed(quick: bool, fmt: str = "parquet") -> list[str]:
+    """A dataset 3x the cluster's memory on local disk (Parquet, or ``fmt="zarr"``: one float32
+    array, a chunk per 1600 rows) streamed, against the same model on a part that fits
+    (persisted); then (Parquet) the accuracy cost of the streamed order against a full shuffle."""
     import dask
 
     from adadamp import DaskClassifier
@@ -420,10 +421,13 @@ def streamed(quick: bool) -> list[str]:
         root = Path(tmp)
         start = time.perf_counter()
         (root / "big").mkdir()
-        _write_parquet(root / "big", n, features, files)
+        if fmt == "zarr":
+            X, y = _write_zarr(root / "big", n, features, n // files)
+        else:
+            _write_parquet(root / "big", n, features, files)
+            X, y = _parquet_arrays(root / "big")
         write_s = time.perf_counter() - start
-        on_disk = sum(f.stat().st_size for f in (root / "big").iterdir())
-        X, y = _parquet_arrays(root / "big")
+        on_disk = sum(f.stat().st_size for f in (root / "big").rglob("*") if f.is_file())
         small = n // 24  # fits: persisted
         Xs, ys = X[:small], y[:small]
         runs = {"streamed": (X, y, 1, "stream" if quick else "auto"), "persisted": (Xs, ys, 4, "persist")}
@@ -437,6 +441,9 @@ def streamed(quick: bool) -> list[str]:
                               "per_s": sum(u["batch_size"] for u in ups) / sum(u["update_time"] for u in ups),
                               "epoch_per_s": est.history_[-1]["n_samples_seen"] / sum(r["dur"] for r in est.history_),
                               "peak": peak.workers}
+        window = dask.config.get("adadamp.stream.window", 8)
+        if fmt == "zarr":
+            return _stream_lines(results, fmt, limit, features, total, on_disk, files, write_s)
         # the order's accuracy cost: files sorted by label, streamed (window 8 of 64 blocks) vs persisted
         (root / "sorted").mkdir()
         n_acc = 20_000 if quick else 200_000
@@ -452,16 +459,33 @@ def streamed(quick: bool) -> list[str]:
                                          optimizer=torch.optim.SGD, optimizer__lr=0.05, batch_size=256, max_epochs=3,
                                          random_state=seed, dask_data=how, client=client).fit(Xa, ya)
                     scores.append(float((est.predict(test_X) == truth).mean()))
-        window = dask.config.get("adadamp.stream.window", 8)
+    lines = _stream_lines(results, fmt, limit, features, total, on_disk, files, write_s)
+    acc_s, acc_p = (100 * statistics.mean(accuracy[k]) for k in ("stream", "persist"))
+    lines += [
+        (f"Accuracy cost of the streamed order: {n_acc} rows x 32 features in 64 Parquet files sorted by label "
+         f"(blocks not alike: the worst case), 3 epochs, batch 256, logistic regression, 3 seeds; held-out "
+         f"accuracy streamed (window {window} blocks) **{acc_s:.1f}%** against a full shuffle (persisted) "
+         f"**{acc_p:.1f}%**: {acc_s - acc_p:+.1f} points (goal within 0.5)."),
+        "",
+    ]
+    return lines
+
+
+def _stream_lines(results: dict, fmt: str, limit: int, features: int, total: float, on_disk: int, files: int,
+                  write_s: float) -> list[str]:
     s, p = results["streamed"], results["persisted"]
     ratio = s["per_s"] / p["per_s"]
+    stored = (f"{files} Parquet files on local disk, written in {write_s:.0f} s; read with "
+              "`dask.dataframe.read_parquet`" if fmt == "parquet" else
+              f"a Zarr array of {files} chunks on local disk, written in {write_s:.0f} s; read with "
+              "`dask.array.from_zarr`")
     lines = [
-        "## Data bigger than the cluster's memory, streamed from Parquet",
+        f"## Data bigger than the cluster's memory, streamed from {'Parquet' if fmt == 'parquet' else 'Zarr'}",
         "",
         (f"2 workers of memory_limit {limit / 2**30:.1f} GiB. {s['n']} rows x {features} float32 features + a label "
-         f"({on_disk / 2**30:.1f} GiB in {files} Parquet files on local disk, written in {write_s:.0f} s; "
-         f"{total / 2**30:.1f} GiB in memory: {total / (2 * limit):.1f}x the workers' memory), read with "
-         "`dask.dataframe.read_parquet`; a linear model on emulated accelerators (`benchmarks/emulated.py`: each "
+         f"({on_disk / 2**30:.1f} GiB in {stored}; "
+         f"{total / 2**30:.1f} GiB in memory: {total / (2 * limit):.1f}x the workers' memory); "
+         "a linear model on emulated accelerators (`benchmarks/emulated.py`: each "
          "training forward sleeps 0.5 ms + 0.3 ms per example, off the CPU, so compute per block exceeds its "
          "read), batch 1024. Against the same model on the first 1/24 of the rows (fits: persisted), 4 epochs, "
          "throughput over epochs 2-4. Throughput = examples / update time; epoch rate = examples / epoch time."),
@@ -472,19 +496,29 @@ def streamed(quick: bool) -> list[str]:
     for label, r in results.items():
         lines.append(f"| {label} | {r['path']} | {r['n']} | {r['epochs']} | {r['per_s']:.0f} | "
                      f"{r['epoch_per_s']:.0f} | {r['wall']:.1f} | {r['peak']:.0f} |")
-    acc_s, acc_p = (100 * statistics.mean(accuracy[k]) for k in ("stream", "persist"))
-    lines += [
+    return lines + [
         "",
         (f"streamed / persisted throughput: **{ratio:.2f}x** (goal >= 0.8x); workers' peak "
          f"{s['peak']:.0f} MB against their 2 x {limit / 2**20:.0f} MB limit."),
         "",
-        (f"Accuracy cost of the streamed order: {n_acc} rows x 32 features in 64 Parquet files sorted by label "
-         f"(blocks not alike: the worst case), 3 epochs, batch 256, logistic regression, 3 seeds; held-out "
-         f"accuracy streamed (window {window} blocks) **{acc_s:.1f}%** against a full shuffle (persisted) "
-         f"**{acc_p:.1f}%**: {acc_s - acc_p:+.1f} points (goal within 0.5)."),
-        "",
     ]
-    return lines
+
+
+def _write_zarr(path: Path, n: int, features: int, rows: int):
+    """``n`` rows as :func:`_write_parquet` draws them (its labelling), written as two Zarr arrays
+    ``X`` (float32, a chunk per ``rows`` rows) and ``y``, chunk by chunk; returns them lazily."""
+    import dask.array as da
+    import zarr
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(features).astype(np.float32)
+    Xz = zarr.open_array(str(path / "X.zarr"), mode="w", shape=(n, features), chunks=(rows, features), dtype="f4")
+    yz = zarr.open_array(str(path / "y.zarr"), mode="w", shape=(n,), chunks=(rows,), dtype="i8")
+    for start in range(0, n, rows):
+        X = rng.standard_normal((min(rows, n - start), features), dtype=np.float32)
+        Xz[start : start + len(X)] = X
+        yz[start : start + len(X)] = (X @ w > 0).astype(np.int64)
+    return da.from_zarr(str(path / "X.zarr")), da.from_zarr(str(path / "y.zarr"))
 
 
 def _sorted_weights(features: int) -> np.ndarray:
@@ -510,7 +544,8 @@ def _plot(results: list[dict]) -> None:
     fig.savefig(HERE / "data-memory.png", dpi=120)
 
 
-PARTS = {"overlap": overlap, "dask": dask_vs_numpy, "setup": setup, "memory": memory, "stream": streamed}
+PARTS = {"overlap": overlap, "dask": dask_vs_numpy, "setup": setup, "memory": memory, "stream": streamed,
+         "stream-zarr": lambda quick: streamed(quick, fmt="zarr")}
 
 
 def main(argv=None) -> None:
