@@ -362,13 +362,9 @@ def _write_parquet(path: Path, n: int, features: int, files: int, sort_labels: b
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal(features).astype(np.float32)
     rows = n // files
     chunks = []
-    for k in range(files):
-        X = rng.standard_normal((rows, features), dtype=np.float32)
-        label = (X @ w > 0).astype(np.int64)
+    for k, (X, label) in enumerate(_labelled_rows(features, [rows] * files)):
         if sort_labels:
             chunks.append((X, label))
         else:
@@ -380,6 +376,16 @@ def _write_parquet(path: Path, n: int, features: int, files: int, sort_labels: b
         for k in range(files):
             part = order[k * rows : (k + 1) * rows]
             _write_file(pa, pq, path / f"part-{k:04d}.parquet", X[part], label[part])
+
+
+def _labelled_rows(features: int, sizes: list[int]):
+    """Blocks of ``sizes`` rows of standard normal float32 features and their int64 label (the
+    sign along one random direction, :func:`_sorted_weights`), drawn one block at a time."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(features).astype(np.float32)
+    for size in sizes:
+        X = rng.standard_normal((size, features), dtype=np.float32)
+        yield X, (X @ w > 0).astype(np.int64)
 
 
 def _write_file(pa, pq, path: Path, X: np.ndarray, label: np.ndarray) -> None:
@@ -505,19 +511,17 @@ def _stream_lines(results: dict, fmt: str, limit: int, features: int, total: flo
 
 
 def _write_zarr(path: Path, n: int, features: int, rows: int):
-    """``n`` rows as :func:`_write_parquet` draws them (its labelling), written as two Zarr arrays
+    """``n`` rows of :func:`_labelled_rows`, written as two Zarr arrays
     ``X`` (float32, a chunk per ``rows`` rows) and ``y``, chunk by chunk; returns them lazily."""
     import dask.array as da
     import zarr
 
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal(features).astype(np.float32)
     Xz = zarr.open_array(str(path / "X.zarr"), mode="w", shape=(n, features), chunks=(rows, features), dtype="f4")
     yz = zarr.open_array(str(path / "y.zarr"), mode="w", shape=(n,), chunks=(rows,), dtype="i8")
-    for start in range(0, n, rows):
-        X = rng.standard_normal((min(rows, n - start), features), dtype=np.float32)
+    starts = range(0, n, rows)
+    for start, (X, label) in zip(starts, _labelled_rows(features, [min(rows, n - s) for s in starts])):
         Xz[start : start + len(X)] = X
-        yz[start : start + len(X)] = (X @ w > 0).astype(np.int64)
+        yz[start : start + len(X)] = label
     return da.from_zarr(str(path / "X.zarr")), da.from_zarr(str(path / "y.zarr"))
 
 

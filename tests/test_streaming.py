@@ -137,21 +137,25 @@ def test_a_streamed_fit_holds_a_few_blocks_per_worker(three_workers):
     assert seen and 0 < max(seen) <= 3 * 4, max(seen)  # its part of three windows at most, never the 48 blocks
 
 
-def _streamed_params(client) -> dict:
-    return {"module": Wide, "optimizer": torch.optim.SGD, "optimizer__lr": 0.05, "max_epochs": 2, "batch_size": 150,
-            "random_state": 0, "min_workers": 3, "dask_data": "stream", "client": client}
+@pytest.fixture(scope="module")
+def streamed_allreduce(three_workers):
+    """3000 examples in blocks of 500, the parameters of a streamed fit (window 3) on 3 workers, and
+    its undisturbed all-reduce fit."""
+    X, y = _data(n=3000)
+    params = {"module": Wide, "optimizer": torch.optim.SGD, "optimizer__lr": 0.05, "max_epochs": 2, "batch_size": 150,
+              "random_state": 0, "min_workers": 3, "dask_data": "stream", "client": three_workers}
+    with dask.config.set({"adadamp.debug.digests": True, "adadamp.stream.window": 3}):
+        calm = DaskClassifier(backend="allreduce", **params).fit(X, y)
+    return X, y, params, calm
 
 
-def test_allreduce_streams_in_the_documented_order(three_workers):
+def test_allreduce_streams_in_the_documented_order(streamed_allreduce):
     """backend='allreduce' on streamed data: each update's examples are the documented order's (the
     members find them from the order their set-up carries), the weights those of the parameter
     server's streamed fit up to summation order."""
-    client = three_workers
-    X, y = _data(n=3000)
-    params = _streamed_params(client)
+    X, y, params, calm = streamed_allreduce
     with dask.config.set({"adadamp.debug.digests": True, "adadamp.stream.window": 3}):
         server = DaskClassifier(**params).fit(X, y)
-        calm = DaskClassifier(backend="allreduce", **params).fit(X, y)
     assert calm.meta_["data"] == "streamed"
     expected = _digests(calm, 3000, X.chunks[0], 3, 150)
     for est in (server, calm):
@@ -162,14 +166,12 @@ def test_allreduce_streams_in_the_documented_order(three_workers):
 @pytest.mark.xfail(raises=WorkerError, strict=False, reason=(
     "known, rare (1 in ~3 full runs on a loaded 2-core machine, not reproduced alone): the restarted "
     "worker rejoins the all-reduce group and its replica is asked for update 13 at update 0"))
-def test_allreduce_streaming_survives_a_killed_worker(three_workers):
+def test_allreduce_streaming_survives_a_killed_worker(three_workers, streamed_allreduce):
     """A worker SIGKILLed mid-epoch of a streamed all-reduce fit changes neither the order nor
     (beyond summation order) the weights."""
     client = three_workers
-    X, y = _data(n=3000)
-    params = _streamed_params(client)
+    X, y, params, calm = streamed_allreduce
     with dask.config.set({"adadamp.debug.digests": True, "adadamp.stream.window": 3}):
-        calm = DaskClassifier(backend="allreduce", **params).fit(X, y)
         pids = list(client.run(os.getpid).values())
         _CLUSTERS.update(client=client)
         hurt = DaskClassifier(**{**params, "batch_size": KillAt(batch_size=150, kill={12: pids[2], 18: "wait",
