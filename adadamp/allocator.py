@@ -305,7 +305,7 @@ class Allocator(SchedulerPlugin):
         share = shares(self._division_wants(), self._capacity(), self.speedups).get(fit, 0)
         lent = list(self.lent.get(fit, []))
         return {"grant": [*self.grants.get(fit, []), *lent], "lent": lent, "share": share,
-                "start_latency": self.start_latency}
+                "others": len(self.wants) - 1, "start_latency": self.start_latency}
 
     def _division_wants(self) -> dict[str, int]:
         """What each fit's share is cut from: what it wants ahead, or, for a fit that predicts its
@@ -476,6 +476,7 @@ class Grant:
         self.least, self.most = bounds  # the fit's min_workers and max_workers
         self.workers: set[str] | None = None
         self.share = 0  # the workers the fit's fair share allows (its want when the cluster has room)
+        self.others = 0  # the other fits the allocator divides the cluster among
         self.start_latency: float | None = None
         self.declared: tuple[int, int] | None = None
         self.speedups: list[float] | None = None  # the damper's predicted speedup on 1, 2, ... workers
@@ -514,6 +515,7 @@ class Grant:
             self.workers = set(reply["grant"])
             self.share = reply.get("share", len(self.workers))
             self.lent = list(reply.get("lent", []))
+            self.others = reply.get("others", 0)
         self.start_latency = reply.get("start_latency")
 
     def release(self) -> None:

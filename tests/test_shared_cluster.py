@@ -153,6 +153,12 @@ def _grants(dask_scheduler):
     return {} if allocator is None else {f: list(g) for f, g in allocator.grants.items()}
 
 
+def _grants_and_wants(dask_scheduler):
+    """Each fit's grant and the workers it wants now (not ahead: those are set up, not trained on)."""
+    allocator = dask_scheduler.plugins[NAME]
+    return {f: (list(allocator.grants.get(f, [])), w[0]) for f, w in allocator.wants.items()}
+
+
 def _running_and_grants(dask_scheduler):
     """In one look (the scheduler's loop): the running workers and the grants."""
     running = sum(ws.status.name == "running" for ws in dask_scheduler.workers.values())
@@ -195,7 +201,7 @@ def test_a_fit_that_starts_never_takes_a_worker_another_fit_holds(growing_cluste
     first = threading.Thread(target=lambda: results.update(a=growing(client).fit(*data)))
     first.start()
     deadline = time.monotonic() + 60
-    while not any(len(g) == 3 for g in client.run_on_scheduler(_grants).values()):  # A trains on 3 workers
+    while not any(len(g) == 3 and n == 3 for g, n in client.run_on_scheduler(_grants_and_wants).values()):  # A trains on 3
         assert time.monotonic() < deadline and first.is_alive(), "the first fit never reached 3 workers"
         time.sleep(0.05)
     results["b"] = growing(client, batch_size=64).fit(*data)  # one worker
@@ -288,6 +294,38 @@ def test_fits_starting_together_never_leave_the_cluster_empty(growing_cluster, d
     assert len(results) == 2
     assert min(n for n, _ in samples) >= 1
     assert not [r for r in caplog.records if "no live worker" in r.getMessage()]
+    np.testing.assert_array_equal(_weights(results[0]), _weights(results[1]))
+
+
+SLOW_START = """
+import time
+
+
+def dask_setup(worker):
+    time.sleep(10)
+"""
+
+
+def test_fits_among_others_train_on_the_workers_there_are_while_the_cluster_grows(growing_cluster, data, tmp_path):
+    """Two fits whose batch wants 2 workers each start together on a cluster of 1 that grows to 4,
+    its new workers taking 10 s to start (a preload that sleeps): neither waits for its second
+    worker (a fit alone would, up to ``scale_wait``); each trains its first updates on the worker
+    there is, and both train the same weights."""
+    cluster, client = growing_cluster
+    client.wait_for_workers(1)
+    preload = tmp_path / "slow_start.py"
+    preload.write_text(SLOW_START)
+    results = []
+    with dask.config.set({"distributed.worker.preload": [str(preload)]}):  # the workers started from here on
+        adapt(cluster, maximum=4)
+        threads = [threading.Thread(target=lambda: results.append(growing(client, batch_size=256, max_epochs=4).fit(*data)))
+                   for _ in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    assert len(results) == 2
+    for est in results:
+        first = est.history_[0]["updates"][0]
+        assert first["n_workers"] == 1, [u["n_workers"] for u in est.history_[0]["updates"][:5]]
     np.testing.assert_array_equal(_weights(results[0]), _weights(results[1]))
 
 
