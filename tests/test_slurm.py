@@ -440,7 +440,9 @@ def test_two_growing_fits_share_one_slurm_allocation(slurm, tmp_path, request):
     X, y = regression_data()
     params = {"batch_size": GeoDamp, "batch_size__initial": 32, "batch_size__delay": 1, "batch_size__factor": 2,
               "batch_size__max_batch_size": 128, "scale_cluster": True, "grads_per_worker": 32, "min_workers": 1,
-              "max_workers": 3, "max_epochs": 6, "worker_timeout": 90, "update_timeout": 60}
+              "max_workers": 3, "max_epochs": 20, "worker_timeout": 90, "update_timeout": 60}
+    # 20 epochs: a fit among others trains on the workers there are while its jobs start (about 10 s
+    # on a quiet machine, more under load), so it must outlast a slow start to reach its share.
     with slurm_cluster(tmp_path, "share") as (cluster, client, jobs):
         adapt(cluster, maximum=4)  # the allocation: at most 4 jobs for the whole search
         samples, done = [], threading.Event()
