@@ -21,6 +21,8 @@ from sklearn.datasets import make_classification, make_regression
 from adadamp import DaskClassifier, DaskRegressor
 from adadamp.callbacks import Callback
 from adadamp.dampers import AdaScale, Constant, DynamicSGD, GeoDamp
+from adadamp.engine.backends import AllReduce, register_backend
+from adadamp.engine.backends import registry as backend_registry
 from adadamp.engine.membership import MEMBERSHIP_INTERVAL
 from adadamp.exceptions import ConvergenceError
 from adadamp.worker.replica import Buckets, collective_backend
@@ -668,6 +670,52 @@ def test_losing_every_replica_continues_from_the_clients_copy(data, tmp_path, ca
     assert [len(r["updates"]) for r in hurt.history_] == [len(r["updates"]) for r in calm.history_]
     seen = dict(hurt.callbacks_)["count"].seen_
     assert seen == list(range(1, calm.history_[-1]["n_updates"] + 1)), seen
+
+
+class _StaleRankZero(AllReduce):
+    """The all-reduce backend whose first replica is put back to the fit's first state before update
+    ``AT``, still counted as current, and a new group formed with it as rank 0 (test only): a replica
+    that is behind the fit where the client takes it to be at the fit's update."""
+
+    AT = 5
+
+    def _gradient_round(self, batch):
+        if self.loop.n_updates == 0 and not hasattr(self, "first_state"):
+            self.first_state = self._client_state()
+        if self.loop.n_updates == self.AT and self._group and not hasattr(self, "staled"):
+            self.staled = self._group[0]
+            self.client.run(_load_replica_state, self.fit_id, self.first_state, workers=[self.staled])
+            self._group = None  # the next round forms a group, rank 0 the stale replica
+        return super()._gradient_round(batch)
+
+
+def _load_replica_state(fit_id, blob, dask_worker=None):
+    from adadamp.worker.plugin import TRAINER
+
+    replica = TRAINER.fits[fit_id].replica
+    with replica.state.lock:
+        replica.load(blob)
+
+
+def test_a_group_whose_rank_0_is_behind_the_fit_is_not_trusted(data, client, caplog):
+    """A group formed from a replica at another update than the fit's (each member reports the
+    update its state is at) is not taken: its members are no longer current, and the epoch
+    continues from the client's copy.  Before, every member took rank 0's stale state and the fit
+    failed at its next update ("replica at update 0 asked for update 5")."""
+    X, y = data
+    params = {"batch_size": 32, "max_epochs": 2, "random_state": 0, "min_workers": 2, "optimizer__lr": 0.05}
+    calm = DaskClassifier(backend=AR, **params).fit(X, y)
+    register_backend("allreduce-stale-rank-0", _StaleRankZero)
+    try:
+        with caplog.at_level(logging.WARNING, logger="adadamp"):
+            hurt = DaskClassifier(backend="allreduce-stale-rank-0", **params).fit(X, y)
+    finally:
+        backend_registry._BACKENDS.pop("allreduce-stale-rank-0")
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("behind the fit's update 5" in m for m in messages), messages
+    assert any("no replica left after 5 updates" in m for m in messages), messages
+    np.testing.assert_allclose(_weights(hurt), _weights(calm), rtol=1e-5, atol=1e-6)
+    assert [r["n_updates"] for r in hurt.history_] == [r["n_updates"] for r in calm.history_]
 
 
 # ------------------------------------------------------------------ pieces

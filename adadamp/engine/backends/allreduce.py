@@ -40,7 +40,7 @@ group sends no state when every member was set up from the state the fit is at.
 
 Gloo (and NCCL) neither authenticate nor encrypt their traffic, and this torch has no TLS
 transport for gloo: on a cluster whose comm is encrypted the backend refuses to start unless the
-user accepts plaintext collectives (:func:`check_plaintext`).
+user accepts plaintext collectives (:func:`~adadamp.engine.backends.plaintext.check_plaintext`).
 """
 
 from __future__ import annotations
@@ -60,8 +60,6 @@ import cloudpickle
 import dask
 import numpy as np
 import torch
-from distributed import Client
-from distributed.comm import get_address_host
 
 from ...dampers import BaseDamper
 from ...dampers.clock import LoopState, Sampler
@@ -79,7 +77,6 @@ from ...records import (
     finite_update,
 )
 from ...wire.batches import BatchPlan
-from ...wire.channel import is_loopback
 from ...wire.optimizer_plan import apply_plan, group_settings
 from ...wire.parameters import flatten_parameters, float_buffers
 from ...wire.rpc import rpc_call
@@ -89,43 +86,18 @@ from ..aggregation import Totals
 from ..speeds import lost_after
 from ..transport import LOST
 from .base import PREFETCH_BATCHES, Backend, Batch
+from .plaintext import check_plaintext
 from .rounds import MAX_RECOMPUTES, in_rounds, triage
 
 logger = logging.getLogger(__name__)
 
 _NO_INDICES = np.zeros(0, dtype=np.int64)
 
-#: dask config key: train with plaintext collectives on a cluster whose comm is encrypted.
-ALLOW_PLAINTEXT = "adadamp.allreduce.allow-plaintext"
 #: dask config key: seconds the workers keep a fit's group for the next fit on them (0: neither kept nor taken over).
 KEEP_GROUP = "adadamp.allreduce.keep-group"
 #: dask config key: send a step planned without the round's statistics with the update's own requests
 #: (default True; False: every step goes with the next request, as for dampers that read the round).
 ANNOUNCE_STEPS = "adadamp.allreduce.announce-steps"
-
-
-def check_plaintext(client: Client, embedded: bool = False) -> None:
-    """Refuse a cluster whose comm is TLS (or any scheme but ``tcp://``, or that requires
-    encryption) unless dask config ``adadamp.allreduce.allow-plaintext`` is set: the replicas'
-    collectives would send gradients, weights and optimizer state there in plaintext.  The
-    embedded cluster (``embedded``) is exempt: its scheduler is on loopback, so its workers are
-    local, and no other user can read their loopback traffic."""
-    address = client.scheduler.address
-    if dask.config.get(ALLOW_PLAINTEXT, False) or (embedded and is_loopback(get_address_host(address))):
-        return
-    reasons = []
-    if not address.startswith("tcp://"):
-        reasons.append(f"its scheduler is at {address}")
-    if client.security.require_encryption or dask.config.get("distributed.comm.require-encryption", False):
-        reasons.append("distributed.comm.require-encryption is set")
-    if reasons:
-        raise ValueError(
-            f"backend='allreduce' on this cluster: {' and '.join(reasons)}, so Dask's comm is meant to be encrypted, "
-            "but the replicas' collectives (gloo, NCCL) send gradients, weights and optimizer state in plaintext "
-            "(this torch has no TLS transport for them). Use backend='parameter-server', which keeps every message "
-            "on Dask's comm, or, where the network between the workers is trusted, accept plaintext collectives: "
-            f"dask.config.set({{{ALLOW_PLAINTEXT!r}: True}})."
-        )
 
 
 def collective_timeout(update_timeout: float) -> float:
@@ -189,6 +161,7 @@ class AllReduce(Backend):
         self._keep_seconds = float(dask.config.get(KEEP_GROUP, 60.0))
         self._announces = bool(dask.config.get(ANNOUNCE_STEPS, True))
         self._layouts: dict[str, tuple[int, ...]] = {}  # the batch plans' layout each member last heard
+        self._standing = 0  # 1 while an update that stands without some members' answers re-forms the group
 
     # ------------------------------------------------------------------ set-up
     def _acquire(self, stack: contextlib.ExitStack) -> None:
@@ -273,19 +246,24 @@ class AllReduce(Backend):
 
     def _group_formed(self, forming: _Forming, replies: list) -> tuple[bool | None, list[str]]:
         """Take the ``adadamp_group`` replies: the group is formed, or None and the workers lost
-        (those that failed are no longer current)."""
+        (those that failed, and those whose state is not at the fit's update, are no longer current:
+        the next group takes its state from a replica that is, or from the client's commit)."""
         order = forming.order
         dead, broken = triage(self.members, order, replies, collectives=True)  # the hung left out, as in an update
-        if not dead and not broken:
+        at = self.loop.n_updates + self._standing  # the update the replicas' state should be at
+        behind = [w for w, r in zip(order, replies) if not dead and not broken and r["applied"] != at]
+        if not dead and not broken and not behind:
             self._group, self._current, self._step_owed = forming.workers, set(forming.workers), None
             logger.info("all-reduce group %d %s: %d workers in %.3f s", self.generation,
                         "formed" if forming.reuse is None else "taken over from an earlier fit", len(order),
                         time.perf_counter() - forming.t0)
             return True, []
-        lost = [order[k] for k in sorted(dead + broken)]
+        lost = [order[k] for k in sorted(dead + broken)] or behind  # behind: not at the fit's update (a stale rank 0)
         self._current -= set(lost)
-        logger.warning("workers %s lost or failed while forming all-reduce group %d; forming another", lost,
-                       self.generation)
+        for w in behind:  # nor at the state they were set up from: the next group sends them a state
+            self._set_up_at.pop(w, None)
+        logger.warning("workers %s lost, failed or behind the fit's update %d while forming all-reduce group %d; "
+                       "forming another", lost, self.loop.n_updates, self.generation)
         return None, [order[k] for k in dead]
 
     def _place(self, new_workers: list[str]) -> dict[str, BaseException]:
@@ -502,7 +480,11 @@ class AllReduce(Backend):
         self._group = None
         if lost:
             self.members.lost_in_rounds.extend(lost)
-            self.members.refresh(force=True, lost=tuple(lost))
+            self._standing = 1  # a group formed now holds the state after this update's step
+            try:
+                self.members.refresh(force=True, lost=tuple(lost))
+            finally:
+                self._standing = 0
 
     def _expected_round(self, batch_size: int) -> float | None:
         """What a round of ``batch_size`` examples is expected to take: the median of the last
