@@ -258,12 +258,17 @@ class AllReduce(Backend):
                         "formed" if forming.reuse is None else "taken over from an earlier fit", len(order),
                         time.perf_counter() - forming.t0)
             return True, []
-        lost = [order[k] for k in sorted(dead + broken)] or behind  # behind: not at the fit's update (a stale rank 0)
+        if behind:  # not at the fit's update (a stale rank 0 makes every member so): not current
+            self._current -= set(behind)
+            for w in behind:  # nor the state they were set up from: the next group sends them one
+                self._set_up_at.pop(w, None)
+            logger.warning("workers %s are behind the fit's update %d after forming all-reduce group %d; forming "
+                           "another from a replica at that update or the client's copy", behind, at, self.generation)
+            return None, []
+        lost = [order[k] for k in sorted(dead + broken)]
         self._current -= set(lost)
-        for w in behind:  # nor at the state they were set up from: the next group sends them a state
-            self._set_up_at.pop(w, None)
-        logger.warning("workers %s lost, failed or behind the fit's update %d while forming all-reduce group %d; "
-                       "forming another", lost, self.loop.n_updates, self.generation)
+        logger.warning("workers %s lost or failed while forming all-reduce group %d; forming another", lost,
+                       self.generation)
         return None, [order[k] for k in dead]
 
     def _place(self, new_workers: list[str]) -> dict[str, BaseException]:
