@@ -28,6 +28,7 @@ import html
 import json
 import logging
 import math
+import os
 import re
 import time
 import uuid
@@ -156,11 +157,17 @@ def opener(name: str, params: dict, state):
 
 
 def short_params(params: dict) -> dict:
-    """An estimator's parameters as short strings for the page (classes by name)."""
+    """An estimator's parameters as short strings for the page (classes by name).  Every local user
+    may read the page: a file path (``checkpoint``, a logger's folder) shows as its last part only."""
     out = {}
     for key, value in sorted(params.items()):
         if key == "client":
             continue
+        if key == "checkpoint" and value is not None:
+            out[key] = "on"
+            continue
+        if isinstance(value, os.PathLike) or isinstance(value, str) and os.sep in value:
+            value = os.path.basename(os.fspath(value).rstrip(os.sep))
         text = getattr(value, "__name__", None) or repr(value)
         out[key] = text if len(text) <= 60 else text[:57] + "..."
     return out

@@ -16,7 +16,9 @@ import inspect
 import logging
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -39,6 +41,11 @@ _LOCK = threading.Lock()  # guards _EMBEDDED: concurrent fits (a threaded search
 _EMBEDDED: _Embedded | None = None
 _INHERITED: list[_Embedded] = []  # a forked child's copies of its parent's cluster: never used nor closed
 
+#: The HTTP routes the embedded scheduler serves beside Dask's Bokeh pages: the training page and a health
+#: check.  Dask's defaults also serve logs, call stacks, worker folders, metrics and a proxy to every
+#: worker, readable by any local user (docs/guide/security.rst).
+ROUTES = ["distributed.http.health", "adadamp.dashboard"]
+
 MAIN_GUARD = (
     "{where} runs a fit at the main script's top level, which each worker process of the embedded Dask "
     "cluster runs again when it imports the script: put the script's code under "
@@ -59,10 +66,13 @@ class _Embedded:
             # A joblib (loky) worker process: Dask's spawned workers would be told to use its start
             # method, unknown to them before they import loky ("cannot find context for 'loky'").
             multiprocessing.set_start_method(None, force=True)
-        routes = [*dask.config.get("distributed.scheduler.http.routes", []), "adadamp.dashboard"]
+        # Dask's scratch folder is the fixed ``$TMPDIR/dask-scratch-space``, which another local user can
+        # create first (a file: no cluster starts; her folder: spilled data lands in it, and every
+        # process puts it on ``sys.path``).  This cluster's is private (0700) and removed at close.
+        self.folder = tempfile.mkdtemp(prefix="adadamp-cluster-")
         with dask.config.set({
             "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
-            "distributed.scheduler.http.routes": routes,  # the live training page at /adadamp
+            "distributed.scheduler.http.routes": ROUTES,
         }):
             try:
                 self.cluster = LocalCluster(
@@ -72,12 +82,15 @@ class _Embedded:
                     # A Dask scheduler runs any connector's code: TLS with a key and certificate made
                     # now, in memory, and handed only to the workers it spawns, so that no other local
                     # user can connect (loopback alone does not keep them out).
-                    security=Security.temporary(),
+                    security=MemorySecurity.temporary(),
                     host="127.0.0.1",
                     dashboard_address="127.0.0.1:0",  # the dashboard is read-only HTTP, on loopback
                     silence_logs=logging.ERROR,
+                    local_directory=self.folder,
+                    scheduler_kwargs={"local_directory": self.folder},
                 )
             except Exception:
+                shutil.rmtree(self.folder, ignore_errors=True)
                 where = _unguarded_main_call()
                 if where is not None:  # the workers failed importing the script: say why, not Dask's pages
                     raise RuntimeError(MAIN_GUARD.format(where=where)) from None
@@ -108,6 +121,40 @@ class _Embedded:
             self.client.close()
         with contextlib.suppress(Exception):
             self.cluster.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class MemorySecurity(Security):
+    """``Security.temporary()``'s credentials, with the key kept off every file system.
+
+    Python's ``ssl`` loads a certificate and key only from a path, so Dask writes in-memory
+    credentials to a temporary folder for each SSL context it makes (removed at once; left behind by
+    a SIGKILL in between).  Here each process hands ``ssl`` the path of an anonymous memory file
+    (``memfd_create``, Linux) holding them instead; elsewhere Dask's own way stands.
+    """
+
+    def get_tls_config_for_role(self, role):
+        tls = super().get_tls_config_for_role(role)
+        return {**tls, "cert": _memory_file(tls["cert"]), "key": _memory_file(tls["key"])}
+
+
+_MEMORY_FILES: dict[tuple[int, str], str] = {}  # (process id, PEM text) -> /proc/self/fd path of its memory file
+_MEMORY_LOCK = threading.Lock()  # not _LOCK: held while the cluster starts, which makes SSL contexts
+
+
+def _memory_file(pem: str | None) -> str | None:
+    """``pem`` as the path of a memory file of this process holding it; ``pem`` itself where it is a path
+    already, or where the system has no memory files."""
+    if pem is None or "\n" not in pem or not hasattr(os, "memfd_create") or not os.path.isdir("/proc/self/fd"):
+        return pem
+    key = (os.getpid(), pem)
+    with _MEMORY_LOCK:
+        path = _MEMORY_FILES.get(key)
+        if path is None:
+            fd = os.memfd_create("adadamp-tls", os.MFD_CLOEXEC)
+            os.write(fd, pem.encode())
+            path = _MEMORY_FILES[key] = f"/proc/self/fd/{fd}"
+        return path
 
 
 def embedded_cluster() -> LocalCluster | None:

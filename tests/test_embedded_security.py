@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import urllib.request
+from pathlib import Path
 
 import dask
 import numpy as np
@@ -148,3 +149,104 @@ def test_a_fit_with_a_client_is_not_bounded_by_the_machine(client, data):
         est = DaskClassifier(**{**PARAMS, "max_workers": 3, "min_workers": 2}).fit(*data)
     assert est.history_[-1]["n_workers"] == 2
     assert torch.isfinite(torch.tensor(est.history_[-1]["train_loss"]))
+
+
+# ------------------------------------------------------------------------------ review 3
+# Run by the training process with another user's squat of Dask's fixed scratch folder in its
+# temporary folder; every process of the cluster (its workers inherit PYTHONPATH) records the
+# certificate and key files it opens through an audit hook.
+FIT_IN_A_SQUATTED_TMPDIR = textwrap.dedent(
+    """
+    import json, os, sys, urllib.request
+    import numpy as np
+    import torch
+
+    if __name__ == "__main__":
+        from distributed import Client
+        from adadamp import DaskClassifier, close_embedded_cluster
+        from adadamp.cluster import embedded_cluster
+
+        X = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+        est = DaskClassifier(module=torch.nn.Linear, module__in_features=4, module__out_features=2,
+                             max_epochs=1, min_workers=2, max_workers=2, checkpoint=sys.argv[1])
+        est.fit(X, (X[:, 0] > 0).astype("int64"))
+        cluster = embedded_cluster()
+        with Client(cluster, set_as_default=False) as client:
+            on_workers = client.run(lambda dask_worker: dask_worker.local_directory).values()
+            client.run(lambda: open(os.path.join(os.path.dirname(sys.argv[1]), "probe.pem"), "w").close())  # seen?
+        folders = [cluster.scheduler.local_directory, *on_workers]
+        base = cluster.dashboard_link.replace("/status", "")
+        served = {}
+        for route in sys.argv[2:]:
+            try:
+                with urllib.request.urlopen(base + route, timeout=10) as answer:
+                    served[route] = answer.read().decode(errors="replace")
+            except OSError as err:
+                served[route] = getattr(err, "code", str(err))
+        close_embedded_cluster()
+        print(json.dumps({"folders": folders, "served": served, "left": [f for f in folders if os.path.exists(f)]}))
+    """
+)
+AUDIT = textwrap.dedent(
+    """
+    import os, sys
+
+    def _opened(event, args):
+        if event == "open" and isinstance(args[0], str) and args[0].endswith((".pem", ".crt")):
+            with open(os.environ["ADADAMP_TEST_OPENED"], "a") as log:
+                log.write(args[0] + "\\n")
+
+    sys.addaudithook(_opened)
+    """
+)
+NOT_SERVED = ["/info/main/logs.html", "/info/call-stacks/main.html", "/info/main/workers.html", "/json/identity.json",
+              "/metrics", "/proxy/8787/127.0.0.1/status"]
+
+
+@pytest.fixture(scope="module")
+def squatted(tmp_path_factory):
+    """One embedded cluster started where another user created ``dask-scratch-space`` as a plain file."""
+    import json
+    folder = tmp_path_factory.mktemp("review3")
+    (folder / "tmp").mkdir()
+    (folder / "tmp" / "dask-scratch-space").write_text("another user's file")
+    (folder / "site").mkdir()
+    (folder / "site" / "sitecustomize.py").write_text(AUDIT)
+    (folder / "fit.py").write_text(FIT_IN_A_SQUATTED_TMPDIR)
+    opened = folder / "opened.log"
+    env = {**os.environ, "TMPDIR": str(folder / "tmp"), "ADADAMP_TEST_OPENED": str(opened),
+           "PYTHONPATH": os.pathsep.join([str(folder / "site"), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, str(folder / "fit.py"), str(folder / "secret-path.ckpt"), "/adadamp/data.json",
+                          "/health", *NOT_SERVED], check=False, capture_output=True, text=True, timeout=240,
+                         cwd=folder, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["opened"] = opened.read_text().split() if opened.exists() else []
+    result["tmp"] = folder / "tmp"
+    return result
+
+
+def test_a_squatted_scratch_folder_neither_stops_the_cluster_nor_receives_its_data(squatted):
+    """Dask's fixed ``$TMPDIR/dask-scratch-space`` created as a file by another user made every embedded
+    fit fail; as her folder, it took the workers' spilled data and was on their ``sys.path``."""
+    assert len(squatted["folders"]) == 3  # the scheduler and two workers
+    for folder in squatted["folders"]:
+        private = next(p for p in Path(folder).parents if p.name.startswith("adadamp-cluster-"))
+        assert private.parent == squatted["tmp"]
+    assert squatted["left"] == []  # removed when the cluster closed
+    assert (squatted["tmp"] / "dask-scratch-space").read_text() == "another user's file"
+
+
+def test_the_embedded_clusters_key_is_never_written_to_a_file(squatted):
+    """Dask writes in-memory credentials to ``dask.pem``/``dask.crt`` in a temporary folder for each SSL
+    context (12 per start); here ``ssl`` reads them from memory files only (``ssl`` opens them in C, which
+    no audit hook sees: the hook sees Dask's writes, and the probe files the workers open to show it runs)."""
+    probe = str(squatted["tmp"].parent / "probe.pem")
+    assert squatted["opened"] == [probe, probe], squatted["opened"]  # the workers' probe files, nothing else
+
+
+def test_the_embedded_dashboard_serves_the_page_and_not_the_clusters_internals(squatted):
+    served = squatted["served"]
+    assert served["/health"] == "ok"
+    assert all(served[route] == 404 for route in NOT_SERVED), {r: str(served[r])[:80] for r in NOT_SERVED}
+    assert "secret-path" not in served["/adadamp/data.json"] and '"checkpoint"' in served["/adadamp/data.json"]
