@@ -6,6 +6,7 @@ import dataclasses
 import io
 import os
 import re
+import stat
 import subprocess
 import sys
 import threading
@@ -62,6 +63,14 @@ def _tamper(path: Path, change) -> None:
     os.chmod(path, 0o600)
 
 
+def _shared_twice(levels: int) -> list:
+    """A list holding the same child twice, ``levels`` deep: 2**levels leaves once expanded."""
+    value = [0.5]
+    for _ in range(levels):
+        value = [value, value]
+    return value
+
+
 @pytest.fixture
 def path(tmp_path) -> Path:
     path = tmp_path / "fit.ckpt"
@@ -98,10 +107,16 @@ except BaseException as err:
     pytest.param(lambda p: p["optimizer"]["state"][0].update(
         momentum_buffer=torch.empty(10**6, 10**6, dtype=torch.float64, device="meta")),
         "checkpoint.load_parts(state, t.N, f_checkpoint=sys.argv[1])", id="meta-optimizer-state"),
+    pytest.param(lambda p: next(iter(p["damper"]["fitted"].values())).update(value=_shared_twice(24)),
+                 "checkpoint.load_parts(state, t.N, f_checkpoint=sys.argv[1])", id="damper-state-shared-references"),
+    pytest.param(lambda p: p["history"][0].update(shared=_shared_twice(24)),
+                 "checkpoint.load_parts(state, t.N, f_checkpoint=sys.argv[1])", id="history-shared-references"),
 ])
 def test_what_a_file_declares_is_refused_within_a_second_and_allocates_nothing(path, change, call):
     """A 2 GB dtype for each of 4 labels (8 GB and 30 s, then MemoryError before the fingerprint
-    check); an optimizer state of 10^10 elements over 8 bytes of data (40 GB when converted)."""
+    check); an optimizer state of 10^10 elements over 8 bytes of data (40 GB when converted); a list
+    holding the same child twice, 24 levels deep (pickle writes it once: a few KB), which the damper's
+    restore copied into 1.65 GiB and a resumed fit's next save wrote out whole."""
     _tamper(path, change)
     assert path.stat().st_size < 64 * 1024
     script = BOUNDED.format(tests=str(Path(__file__).parent), call=call)
@@ -127,14 +142,13 @@ def test_a_compressed_archive_is_refused(path):
 
 
 # ------------------------------------------------------------------------------ FIFO
-def test_a_fifo_at_the_checkpoint_path_is_refused_at_once(tmp_path):
-    path = tmp_path / "fit.ckpt"
-    os.mkfifo(path, 0o600)
+def _refused_at_once(fifo: Path, load) -> None:
+    """``load()`` of the FIFO at ``fifo`` returns within 5 s with the not-a-regular-file refusal."""
     outcome = []
 
     def attempt():
         try:
-            outcome.append(checkpoint.load(path))
+            outcome.append(load())
         except (OSError, ValueError) as err:  # UnsafeCheckpointError is an OSError
             outcome.append(err)
 
@@ -147,8 +161,14 @@ def test_a_fifo_at_the_checkpoint_path_is_refused_at_once(tmp_path):
         assert "not a regular file" in str(outcome[0])
     finally:
         if thread.is_alive():  # a regression: a writer lets the blocked open() return
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
             thread.join(5)
+
+
+def test_a_fifo_at_the_checkpoint_path_is_refused_at_once(tmp_path):
+    path = tmp_path / "fit.ckpt"
+    os.mkfifo(path, 0o600)
+    _refused_at_once(path, lambda: checkpoint.load(path))
 
 
 # ------------------------------------------------------------------------------ crafted fields
@@ -226,3 +246,82 @@ def test_a_crafted_checkpoint_is_refused_before_training_and_keeps_the_fitted_st
     np.testing.assert_array_equal(_weights(est), weights)
     np.testing.assert_array_equal(est.classes_, classes)
     assert est.n_iter_ == 1
+
+
+# ------------------------------------------------------------------------------ save_params / load_params
+def _saved_parts(tmp_path) -> dict:
+    paths = {k: tmp_path / f"part.{k}" for k in ("f_params", "f_optimizer", "f_history")}
+    state = _state()
+    state.history = [{"epoch": 1, "train_loss": 0.5, "updates": [{"batch_size": 8, "shares": [4, 4]}]}]
+    checkpoint.save_parts(state, **paths)
+    return paths
+
+
+def test_save_params_writes_private_files(tmp_path):
+    """They were written with the umask (0644 here): weights, optimizer state and history readable by
+    every local user, where checkpoints are 0600."""
+    old = os.umask(0o022)
+    try:
+        paths = _saved_parts(tmp_path)
+    finally:
+        os.umask(old)
+    assert {k: oct(stat.S_IMODE(p.stat().st_mode)) for k, p in paths.items()} == dict.fromkeys(paths, "0o600")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths.values())  # no temporary left
+    state = _state()
+    with torch.no_grad():
+        state.module.weight.zero_()
+    checkpoint.load_parts(state, N, **paths)
+    assert _snapshot(state) != _snapshot(_state())  # the history differs; weights and optimizer state came back
+    assert torch.equal(state.module.weight, _state().module.weight) and state.history[0]["updates"][0]["shares"] == [4, 4]
+
+
+@pytest.mark.parametrize("part", ["f_params", "f_optimizer", "f_history"])
+def test_a_fifo_as_a_saved_part_is_refused_at_once(tmp_path, part):
+    """load_params(f_params=<a FIFO>) blocked forever in open()."""
+    fifo = tmp_path / "planted"
+    os.mkfifo(fifo, 0o600)
+    _refused_at_once(fifo, lambda: checkpoint.load_parts(_state(), N, **{part: fifo}))
+
+
+@pytest.mark.parametrize("part", ["f_params", "f_optimizer", "f_history"])
+def test_a_saved_part_others_could_write_is_refused(tmp_path, part):
+    """Another user's 0666 file was loaded silently."""
+    paths = _saved_parts(tmp_path)
+    os.chmod(paths[part], 0o666)
+    state = _state()
+    before = _snapshot(state)
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match="chmod go-w"):
+        checkpoint.load_parts(state, N, **paths)
+    assert _snapshot(state) == before
+
+
+def _rewrite(path: Path, change) -> None:
+    value = torch.load(path, weights_only=True)
+    change(value)
+    torch.save(value, path)
+    os.chmod(path, 0o600)
+
+
+PARTS = {
+    "params-of-another-shape": ("f_params", lambda p: _rewrite(p, lambda v: v.update(weight=torch.zeros(5, 4)))),
+    "params-expanded": ("f_params", lambda p: _rewrite(
+        p, lambda v: v.update(weight=torch.zeros(1).expand(10**5, 10**5)))),
+    "optimizer-momentum-of-another-shape": ("f_optimizer", lambda p: _rewrite(
+        p, lambda v: v["state"][0].update(momentum_buffer=torch.zeros(4, 2)))),
+    "optimizer-shared-references": ("f_optimizer", lambda p: _rewrite(
+        p, lambda v: v["param_groups"][0].update(extra=_shared_twice(24)))),
+    "history-not-records": ("f_history", lambda p: p.write_text("[1, 2, 3]")),
+    "history-nested-deep": ("f_history", lambda p: p.write_text('[{"a": [[[[[1]]]]]}]')),
+}
+
+
+@pytest.mark.parametrize(("part", "change"), PARTS.values(), ids=PARTS.keys())
+def test_a_crafted_saved_part_is_refused_and_changes_nothing(tmp_path, part, change):
+    """Each part is checked as a checkpoint is, all before the state changes."""
+    paths = _saved_parts(tmp_path)
+    change(paths[part])
+    state = _state()
+    before = _snapshot(state)
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=re.escape(str(paths[part]))):
+        checkpoint.load_parts(state, N, **paths)
+    assert _snapshot(state) == before

@@ -156,7 +156,7 @@ def _grants(dask_scheduler):
 def _grants_and_wants(dask_scheduler):
     """Each fit's grant and the workers it wants now (not ahead: those are set up, not trained on)."""
     allocator = dask_scheduler.plugins[NAME]
-    return {f: (list(allocator.grants.get(f, [])), w[0]) for f, w in allocator.wants.items()}
+    return {f: (list(e.grant), e.want) for f, e in allocator.fits.items()}
 
 
 def _running_and_grants(dask_scheduler):
@@ -440,3 +440,68 @@ def test_lending_stops_at_a_batch_size_where_whole_updates_with_it_were_not_fast
     sizing._time_lent(128, 128, 1, 0.012)
     assert sizing._lent_slower(64)  # 5% faster: not worth a worker another fit may want
     assert not sizing._lent_slower(128)  # 40% faster: keep it
+
+
+# ------------------------------------------------------------------------------ malformed and hostile messages
+def _allocator_state(dask_scheduler):
+    allocator = dask_scheduler.plugins[NAME]
+    return {"fits": sorted(allocator.fits), "capacity": str(allocator.capacity), "idle": str(allocator.idle)}
+
+
+MALFORMED = {
+    "target-maximum-text": ("adadamp_target", {"maximum": "x"}, "maximum"),
+    "target-idle-nan": ("adadamp_target", {"idle": float("nan")}, "idle"),
+    "target-minimum-negative": ("adadamp_target", {"minimum": -1}, "minimum"),
+    "close-target-text": ("adadamp_workers_to_close", {"target": "2"}, "target"),
+    "fit-id-a-list": ("adadamp_allocate", {"fit": ["a"], "want": 1}, "fit"),
+    "want-text": ("adadamp_allocate", {"fit": "a", "want": "3"}, "want"),
+    "want-huge": ("adadamp_allocate", {"fit": "a", "want": 10**9}, "want"),
+    "least-a-bool": ("adadamp_allocate", {"fit": "a", "want": 1, "least": True}, "least"),
+    "speedups-nan": ("adadamp_allocate", {"fit": "a", "want": 1, "speedups": [1.0, float("nan")]}, "speedups"),
+    "client-unknown": ("adadamp_allocate", {"fit": "a", "want": 1, "client": "nobody"}, "client"),
+}
+
+
+@pytest.mark.parametrize(("handler", "kwargs", "named"), MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_message_is_refused_and_poisons_nothing(growing_cluster, handler, kwargs, named):
+    """``adadamp_target(maximum="x")`` made every later allocation raise TypeError until something reset
+    it; a fit id that was a list left an entry that kept a worker from the others."""
+    _, client = growing_cluster
+    ensure_allocator(client)
+    before = client.run_on_scheduler(_allocator_state)
+    with pytest.raises((TypeError, ValueError), match=f"{handler}: {named}="):
+        client.sync(getattr(client.scheduler, handler), **kwargs)
+    assert client.run_on_scheduler(_allocator_state) == before
+    reply = client.sync(client.scheduler.adadamp_allocate, fit="good", want=1, ahead=1, most=1, least=1,
+                        client=client.id)
+    assert list(reply["grant"]) == list(client.scheduler_info()["workers"])
+    assert client.sync(client.scheduler.adadamp_target, maximum=4) == 1
+
+
+def test_one_client_holds_a_bounded_number_of_fits(growing_cluster):
+    """600 fits declared by one client made every renewal cost 100 ms and a fit beside them train
+    on one worker; a client's fits are now bounded, and they end when it leaves."""
+    from adadamp.allocator import MAX_FITS_PER_CLIENT
+
+    cluster, client = growing_cluster
+    ensure_allocator(client)
+    with Client(cluster, set_as_default=False) as other:
+        for i in range(MAX_FITS_PER_CLIENT):
+            other.sync(other.scheduler.adadamp_allocate, fit=f"f{i}", want=1, ahead=1, most=1, least=1, client=other.id)
+        with pytest.raises(ValueError, match=f"holds {MAX_FITS_PER_CLIENT} fits already"):
+            other.sync(other.scheduler.adadamp_allocate, fit="one-more", want=1, ahead=1, most=1, client=other.id)
+        other.sync(other.scheduler.adadamp_allocate, fit="f0", want=1, ahead=1, most=1, client=other.id)  # a renewal
+        client.sync(client.scheduler.adadamp_allocate, fit="mine", want=1, ahead=1, most=1, client=client.id)
+        assert len(client.run_on_scheduler(_allocator_state)["fits"]) == MAX_FITS_PER_CLIENT + 1
+    deadline = time.monotonic() + 30
+    while client.run_on_scheduler(_allocator_state)["fits"] != ["mine"]:  # the other client left: its fits end
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_min_workers_floor_does_not_take_the_cluster_from_the_others():
+    """A fit declaring a huge min_workers beside one holding every worker of a growing cluster was
+    granted all of them too (shared); its floor now shares at most an equal split."""
+    grants = divide(["w1", "w2", "w3", "w4"], {"v": 4, "hog": 4}, {"v": ["w1", "w2", "w3", "w4"]}, capacity=64,
+                    least={"v": 1, "hog": 60000})
+    assert grants["v"] == ["w1", "w2", "w3", "w4"] and len(grants["hog"]) == 2, grants
