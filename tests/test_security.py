@@ -338,9 +338,12 @@ def test_checkpoint_writes_are_atomic_and_follow_no_link(data, tmp_path, client)
     victim = tmp_path / "victim"
     victim.write_text("precious")
     os.symlink(victim, tmp_path / "fit.ckpt.tmp")  # the fixed temporary name of old
+    os.symlink(victim, tmp_path / "fit.ckpt.history")  # the history's journal beside it
     DaskRegressor(max_epochs=2, random_state=0, checkpoint=path, checkpoint_every=3).fit(X, y)
     assert victim.read_text() == "precious"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fit.ckpt", "fit.ckpt.tmp", "victim"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fit.ckpt", "fit.ckpt.history", "fit.ckpt.tmp", "victim"]
+    assert not (tmp_path / "fit.ckpt.history").is_symlink()
+    assert stat.S_IMODE((tmp_path / "fit.ckpt.history").stat().st_mode) == 0o600
     assert len(checkpoint.load(path)["history"]) == 2
 
 

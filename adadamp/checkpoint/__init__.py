@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ import torch
 from ..dampers.clock import LoopState
 from ..data.digest import data_digest
 from ..records import TrainingState
+from . import journal
 from .checks import (
     budget_for,
     check_fits,
@@ -52,8 +54,22 @@ from .files import (
     write_private,
 )
 
-__all__ = ["FORMAT", "CorruptCheckpointError", "UnsafeCheckpointError", "check_fingerprint", "damper_state",
-           "fingerprint", "load", "load_parts", "plain", "restore", "restore_damper", "save", "save_parts"]
+__all__ = [
+    "FORMAT",
+    "CorruptCheckpointError",
+    "UnsafeCheckpointError",
+    "Writer",
+    "check_fingerprint",
+    "damper_state",
+    "fingerprint",
+    "load",
+    "load_parts",
+    "plain",
+    "restore",
+    "restore_damper",
+    "save",
+    "save_parts",
+]
 
 
 def fingerprint(X: np.ndarray, y: np.ndarray, params: dict) -> dict:
@@ -97,7 +113,7 @@ def _stable(value) -> str:
 
 
 
-def save(path: str | os.PathLike, state: TrainingState, epoch_updates: list) -> None:
+def save(path: str | os.PathLike, state: TrainingState, epoch_updates: list, history: dict | None = None) -> None:
     """Write the training ``state`` (the estimator's fitted attributes) to ``path``.
 
     The estimators call this themselves when ``checkpoint=path`` is set
@@ -116,11 +132,20 @@ def save(path: str | os.PathLike, state: TrainingState, epoch_updates: list) -> 
     epoch_updates : list of dict
         The per-update records of the unfinished epoch (empty at an epoch
         boundary).
+    history : dict, optional
+        Where the finished epochs' rows are instead of in the file (a
+        :class:`Writer`'s journal); None writes them in the file.
 
     Examples
     --------
     >>> est.save_params(f_checkpoint="fit.ckpt")  # doctest: +SKIP
     """
+    data = _serialized(state, epoch_updates, history)
+    write_private(path, lambda f: f.write(data))
+
+
+def _serialized(state: TrainingState, epoch_updates: list, history: dict | None) -> bytes:
+    """The file :func:`save` writes, as bytes: a snapshot of ``state`` taken now."""
     targets = {k: state.targets[k] for k in ("classes_", "_y_1d") if k in state.targets}
     if "classes_" in targets:
         classes = np.asarray(targets["classes_"])
@@ -131,12 +156,14 @@ def save(path: str | os.PathLike, state: TrainingState, epoch_updates: list) -> 
         "optimizer": state.optimizer.state_dict(),
         "damper": damper_state(state.damper),
         "loop": plain(dataclasses.asdict(state.loop)),
-        "history": plain(state.history),
+        "history": plain(state.history) if history is None else history,
         "epoch_updates": plain(list(epoch_updates)),
         "targets": plain(targets),
         "fingerprint": state.fingerprint or {},
     }
-    write_private(path, lambda f: torch.save(payload, f))
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
 
 
 
@@ -180,7 +207,12 @@ def load(path: str | os.PathLike, like: TrainingState | None = None, fingerprint
     with open_private(path) as f:
         budget = budget_for(size_of(f))
         payload = read_archive(f, path)
+    reference = payload.get("history") if isinstance(payload, dict) else None
+    if isinstance(reference, dict):  # the rows are in the journal beside the file (a fit loop's checkpoint)
+        payload["history"] = []
     check_payload(payload, path, budget)
+    if isinstance(reference, dict):
+        payload["history"] = journal.read(path, reference)
     classes = payload["targets"].get("classes_")
     dtype = None if classes is None else label_dtype(classes, path)
     if fingerprint is not None:
@@ -215,6 +247,48 @@ def restore(state: TrainingState, saved: dict, n_data: int) -> list:
     state.loop, state.history = loop, list(saved["history"])
     return saved["epoch_updates"]
 
+
+
+class Writer:
+    """The fit loop's checkpoints at ``path``: the state at every write, the finished epochs' rows
+    appended to the journal beside it (:mod:`~adadamp.checkpoint.journal`), so that a write costs the
+    same at any length of the fit.
+
+    Examples
+    --------
+    >>> writer = Writer("fit.ckpt", state)  # doctest: +SKIP
+    >>> writer.save(state, epoch_updates)  # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | os.PathLike, state: TrainingState):
+        self.path = path
+        self.journal = journal.Journal(path, state.history)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="adadamp-checkpoint")
+        self._pending: Future | None = None
+
+    def save(self, state: TrainingState, epoch_updates: list) -> None:
+        """Take a snapshot of ``state`` now and write it while training goes on (the disk's sync off
+        the fit's path); the previous write finishes first, and its error is raised here."""
+        rows = self.journal.take(state.history)
+        data = _serialized(state, epoch_updates, self.journal.reference())
+        self.wait()
+        self._pending = self._pool.submit(self._write, rows, data)
+
+    def _write(self, rows: bytes, data: bytes) -> None:
+        self.journal.write(rows)  # before the checkpoint that counts them
+        write_private(self.path, lambda f: f.write(data))
+
+    def wait(self) -> None:
+        """Until the last snapshot is on disk."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
 
 
 def save_parts(state: TrainingState, *, f_params=None, f_optimizer=None, f_history=None, f_checkpoint=None) -> None:

@@ -78,9 +78,9 @@ class FitLoop:
             self._gaps.append(max(0.0, now - self._mark - updates[-1]["update_time"]))
         self._mark = now
         every = self.checkpoint_every
-        if self.checkpoint is not None and every and self.state.loop.n_updates % every == 0:
+        if self._writer is not None and every and self.state.loop.n_updates % every == 0:
             self._backend.sync()
-            checkpoint_mod.save(self.checkpoint, self.state, updates)
+            self._writer.save(self.state, updates)
         self._publisher.update(self.state.loop.n_updates, updates[-1])
         before = time.monotonic()
         eta = self._time_left(updates)
@@ -127,6 +127,7 @@ class FitLoop:
         s = self.state
         last_epoch = math.floor(s.loop.epoch + 1e-9) + epochs  # where this call ends on the epoch clock
         self._backend, self._last_epoch = backend, last_epoch
+        self._writer = None if self.checkpoint is None else checkpoint_mod.Writer(self.checkpoint, s)
         self._gaps, self._overheads = [], []  # seconds between updates; each epoch's outside its updates
         s.loop.end_epoch = float(last_epoch) if self.budgeted else None
         self._publisher = self.page(backend.client, last_epoch)
@@ -154,8 +155,8 @@ class FitLoop:
                 if self.valid is not None:
                     row["valid_loss"] = validation_loss(s, *self.valid)
                 s.history.append(row)
-                if self.checkpoint is not None:
-                    checkpoint_mod.save(self.checkpoint, s, [])
+                if self._writer is not None:
+                    self._writer.save(s, [])
                 left = self._estimate()  # with this epoch's updates measured
                 if self.verbose:
                     print_row(row, header=len(s.history) == 1, eta=left)
@@ -168,6 +169,8 @@ class FitLoop:
             raise
         finally:
             s.loop.end_epoch = None  # the next call sets its own
+            if self._writer is not None:
+                self._writer.close()  # the last checkpoint on disk before fit returns or raises
         self._publisher.end()
         self.call("on_train_end")
 
