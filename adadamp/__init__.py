@@ -17,6 +17,7 @@ _EXPORTS = {
     "NoWorkersError": "exceptions",
     "SchedulerLostError": "exceptions",
     "InvalidParameterError": "exceptions",
+    "FitInterrupted": "exceptions",
     "MLP": "modules",
     "Callback": "callbacks",
     "Checkpoint": "callbacks",

@@ -65,6 +65,32 @@ class SchedulerLostError(RuntimeError):
     """
 
 
+class FitInterrupted(KeyboardInterrupt):
+    """``fit`` stopped at an update's end because the process was asked to stop (Ctrl-C, SIGTERM).
+
+    The first SIGINT or SIGTERM during ``fit`` (in the main thread) asks the fit to stop at the
+    end of the update running: the estimator keeps the weights trained so far (it stays fitted),
+    the checkpoint is written when one is configured, every worker and job the fit held is given
+    back, and this is raised -- a ``KeyboardInterrupt``, so a script exits with a nonzero status.
+    A second Ctrl-C stops at once.  ``signal`` is the signal's number.
+
+    Examples
+    --------
+    >>> from adadamp import FitInterrupted
+    >>> try:  # doctest: +SKIP
+    ...     est.fit(X, y)
+    ... except FitInterrupted:
+    ...     est.save_params(f_params="model.pt")  # what the fit trained until Ctrl-C
+    ...     raise
+    >>> issubclass(FitInterrupted, KeyboardInterrupt)
+    True
+    """
+
+    def __init__(self, message: str, signal: int):
+        super().__init__(message)
+        self.signal = signal
+
+
 class ShareTooSmallError(ValueError):
     """A worker's share of an update was too small for the module (BatchNorm in training mode
     needs more than one value per channel).

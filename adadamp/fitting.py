@@ -26,7 +26,7 @@ from . import cluster as cl
 from .data import convert, make_source
 from .engine import session
 from .engine.loop import FitLoop
-from .exceptions import ConvergenceError, NoWorkersError, SchedulerLostError
+from .exceptions import ConvergenceError, FitInterrupted, NoWorkersError, SchedulerLostError
 from .records import TrainingState
 
 
@@ -184,7 +184,7 @@ class FitMixin:
                     client=client, policy=policy, criterion=weighted, fresh=fresh, keep=keep, owner=self,
                     kept=self.__dict__.pop("_kept_backend", None),  # one call at a time uses it
                 )
-            except (ConvergenceError, NoWorkersError, SchedulerLostError):
+            except (ConvergenceError, NoWorkersError, SchedulerLostError, FitInterrupted):
                 if state.loop.n_updates > start:
                     self._commit(state)  # training stopped cleanly, with the last good weights
                 raise

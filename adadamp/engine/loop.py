@@ -19,9 +19,10 @@ import torch
 from distributed import Client
 
 from .. import checkpoint as checkpoint_mod
-from ..exceptions import StopTraining
+from ..exceptions import FitInterrupted, StopTraining
 from ..records import TrainingState
 from .backends.base import Backend
+from .interrupts import stop_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,11 @@ class FitLoop:
         if self._writer is not None and every and self.state.loop.n_updates % every == 0:
             self._backend.sync()
             self._writer.save(self.state, updates)
+        if self._stop.signum is not None:  # Ctrl-C or SIGTERM: this update is the last
+            self._backend.sync()
+            if self._writer is not None:
+                self._writer.save(self.state, updates)
+            raise self._interrupted()
         self._publisher.update(self.state.loop.n_updates, updates[-1])
         before = time.monotonic()
         eta = self._time_left(updates)
@@ -90,6 +96,13 @@ class FitLoop:
             self._untold = False
             print(f"time left: about {eta:.1f} s (estimated from the first {len(updates)} updates)", flush=True)
         self.call("on_update_end", record=updates[-1], eta=eta)
+
+    def _interrupted(self) -> FitInterrupted:
+        loop = self.state.loop
+        saved = f"; the checkpoint {self.checkpoint} holds it" if self._writer is not None else ""
+        return FitInterrupted(
+            f"{self._stop.name}: the fit stopped after update {loop.n_updates} (epoch {loop.epoch:.2f}); the estimator "
+            f"keeps the weights of that update{saved}", self._stop.signum)
 
     def _time_left(self, updates: list[dict]) -> float | None:
         """Seconds left now: the epoch's starting estimate less the time since, or, in an epoch that
@@ -123,7 +136,12 @@ class FitLoop:
         return wanted if members.policy.scale else min(wanted, members.running())
 
     def run(self, backend: Backend, epochs: int, epoch_updates: list[dict]) -> None:
-        """``epoch_updates``: the records of the current epoch's earlier updates (resuming mid-epoch)."""
+        """``epoch_updates``: the records of the current epoch's earlier updates (resuming mid-epoch).
+        Ctrl-C and SIGTERM stop it at the next update's end (:mod:`~adadamp.engine.interrupts`)."""
+        with stop_on_signals() as self._stop:
+            self._run(backend, epochs, epoch_updates)
+
+    def _run(self, backend: Backend, epochs: int, epoch_updates: list[dict]) -> None:
         s = self.state
         last_epoch = math.floor(s.loop.epoch + 1e-9) + epochs  # where this call ends on the epoch clock
         self._backend, self._last_epoch = backend, last_epoch
@@ -139,6 +157,8 @@ class FitLoop:
         self.call("on_train_begin")
         try:
             for i in range(epochs):
+                if self._stop.signum is not None:  # asked between two epochs (the last one is saved)
+                    raise self._interrupted()
                 now = time.monotonic()
                 if i:  # the last epoch's time outside its updates: its set-up, validation, checkpoint, row
                     ups = s.history[-1]["updates"]
