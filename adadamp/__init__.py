@@ -28,6 +28,7 @@ _EXPORTS = {
     "MlflowLogger": "loggers",  # skorch's spelling
     "ProgressBar": "callbacks",
     "close_embedded_cluster": "embedded",
+    "auto_requeue": "engine.interrupts",
     # The dampers a user picks by name; their helpers (TrainState, count_updates, ...) stay in adadamp.dampers.
     **dict.fromkeys(("AdaDamp", "AdaScale", "AdamScale", "BaseDamper", "CntsDampLR", "Constant", "DynamicSGD",
                      "GeoDamp", "GeoDampLR", "Goodput", "GradientDescent", "PadaDamp", "RadaDamp", "Seesaw"), "dampers"),

@@ -457,6 +457,7 @@ MALFORMED = {
     "want-text": ("adadamp_allocate", {"fit": "a", "want": "3"}, "want"),
     "want-huge": ("adadamp_allocate", {"fit": "a", "want": 10**9}, "want"),
     "least-a-bool": ("adadamp_allocate", {"fit": "a", "want": 1, "least": True}, "least"),
+    "least-above-most": ("adadamp_allocate", {"fit": "a", "want": 1, "most": 2, "least": 3}, "least"),
     "speedups-nan": ("adadamp_allocate", {"fit": "a", "want": 1, "speedups": [1.0, float("nan")]}, "speedups"),
     "client-unknown": ("adadamp_allocate", {"fit": "a", "want": 1, "client": "nobody"}, "client"),
 }
@@ -499,9 +500,10 @@ def test_one_client_holds_a_bounded_number_of_fits(growing_cluster):
         time.sleep(0.05)
 
 
-def test_a_min_workers_floor_does_not_take_the_cluster_from_the_others():
-    """A fit declaring a huge min_workers beside one holding every worker of a growing cluster was
-    granted all of them too (shared); its floor now shares at most an equal split."""
+def test_a_min_workers_floor_shares_workers_and_takes_none():
+    """A fit declaring a huge min_workers beside one holding every worker of a growing cluster: the
+    rule (docs/guide/security.rst) is that its floor shares the least shared workers -- min_workers
+    promises a worker count, and so the weights -- and never takes one from another fit's grant."""
     grants = divide(["w1", "w2", "w3", "w4"], {"v": 4, "hog": 4}, {"v": ["w1", "w2", "w3", "w4"]}, capacity=64,
-                    least={"v": 1, "hog": 60000})
-    assert grants["v"] == ["w1", "w2", "w3", "w4"] and len(grants["hog"]) == 2, grants
+                    least={"v": 1, "hog": 4})
+    assert grants["v"] == ["w1", "w2", "w3", "w4"] and sorted(grants["hog"]) == ["w1", "w2", "w3", "w4"], grants

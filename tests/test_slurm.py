@@ -690,3 +690,96 @@ def test_workers_rotate_before_walltime(slurm, tmp_path, request):
     # replaced them (the engine drops the finished jobs' specs, so they may end CANCELLED).
     assert "TIMEOUT" not in jobs_final.values(), jobs_final
     assert len(jobs_final) >= 3, jobs_final
+
+
+# --------------------------------------------------------------------- a fit that lives through the queue
+REQUEUED_FIT = '''
+import json, os, sys, time
+import numpy as np
+import torch
+from torch import nn
+from adadamp import DaskRegressor, auto_requeue
+from adadamp.callbacks import Callback
+
+FOLDER = sys.argv[1]
+
+
+class Slow(nn.Module):
+    """A linear model whose training forward sleeps 20 ms: a fit long enough to be signalled."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+
+    def forward(self, x):
+        if self.training:
+            time.sleep(0.02)
+        return self.layer(x).squeeze(-1)
+
+
+class Progress(Callback):
+    def on_update_end(self, estimator, loop=None, **info):
+        with open(os.path.join(FOLDER, "progress"), "a") as f:
+            f.write(f"{loop.n_updates}\\n")
+
+
+if __name__ == "__main__":
+    with open(os.path.join(FOLDER, "starts"), "a") as f:
+        f.write(os.environ.get("SLURM_JOB_ID", "-") + "\\n")
+    X = np.random.default_rng(0).normal(size=(512, 4)).astype("float32")
+    y = X.sum(axis=1)
+    est = DaskRegressor(module=Slow, batch_size=16, max_epochs=12, random_state=0, max_workers=1,
+                        checkpoint=os.path.join(FOLDER, "fit.ckpt"), checkpoint_every=4,
+                        callbacks=[("progress", Progress())])
+    with auto_requeue():
+        est.fit(X, y)
+    weights = b"".join(v.numpy().tobytes() for v in est.module_.state_dict().values())
+    with open(os.path.join(FOLDER, "done.json"), "w") as f:
+        json.dump({"weights": weights.hex(), "n_updates": est.loop_.n_updates}, f)
+'''
+
+
+def _starts(folder: Path) -> list[str]:
+    return (folder / "starts").read_text().split() if (folder / "starts").exists() else []
+
+
+def _updates(folder: Path) -> int:
+    lines = (folder / "progress").read_text().split() if (folder / "progress").exists() else []
+    return int(lines[-1]) if lines else 0
+
+
+def test_a_fit_signalled_twice_before_its_time_limit_requeues_and_ends_with_the_uninterrupted_weights(
+        slurm, tmp_path, request):
+    """``sbatch --requeue --signal=B:USR1@N``: the signal SLURM sends N seconds before the time limit
+    (sent here by ``scancel --batch --signal=USR1``, SLURM's own delivery, at two moments of the fit)
+    stops the fit at an update's end with its checkpoint, requeues the job (``auto_requeue``), and
+    the job, started again by SLURM, resumes: three starts, the weights of a fit never stopped.
+    Before, the signal killed the process mid-update (USR1's default) and nothing requeued it."""
+    script = tmp_path / "fit.py"
+    script.write_text(REQUEUED_FIT)
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    subprocess.run([sys.executable, str(script), str(whole)], check=True, timeout=300, env=env, capture_output=True)
+    expected = __import__("json").loads((whole / "done.json").read_text())
+    queued = tmp_path / "queued"
+    queued.mkdir()
+    batch = queued / "job.sh"
+    batch.write_text(f"#!/bin/bash\nexport PYTHONPATH={REPO} OMP_NUM_THREADS=1\nexec {sys.executable} {script} {queued}\n")
+    name = f"adadamp-requeue-{uuid.uuid4().hex[:6]}"
+    job = _run("sbatch", "--parsable", "--requeue", "--signal=B:USR1@30", "--time=10", "-c", "2", f"--job-name={name}",
+               f"--output={queued}/job-%j-%s.out", f"--chdir={queued}", str(batch)).strip().split(";")[0]
+    try:
+        for starts, at in ((1, 40), (2, 130)):  # signalled in the first run and in the requeued one
+            poll(lambda n=starts: len(_starts(queued)) == n, 120, f"start {starts} of job {job}")
+            poll(lambda n=at: _updates(queued) >= n, 180, f"update {at} of job {job} (at {_updates(queued)})")
+            _run("scancel", "--batch", "--signal=USR1", job)
+        poll(lambda: (queued / "done.json").exists(), 300, f"job {job} to finish (at update {_updates(queued)})")
+    finally:
+        subprocess.run(["scancel", job], check=False, capture_output=True, timeout=30)
+    done = __import__("json").loads((queued / "done.json").read_text())
+    starts = _starts(queued)
+    _say(request.config, f"[slurm] requeued fit: job {job} started {len(starts)} times, "
+                         f"{done['n_updates']} updates")
+    assert starts == [job] * 3
+    assert done == expected  # the same weights, bitwise, and every update trained

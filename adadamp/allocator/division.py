@@ -88,9 +88,11 @@ def divide(workers: list[str], wants: dict[str, int], held: dict[str, list[str]]
     cluster may have); free workers go to the fits below their share, earliest fit first.  A fit
     left below its ``least`` workers (its ``min_workers``; one for any fit that wants some: its
     workers are still starting, or there are more fits than workers) shares the least shared
-    workers meanwhile, rather than wait or train on fewer than it was told to -- but no more of
-    them than an equal split of the live workers among the fits that want some: a floor never
-    takes the cluster from the others.  The work grows as fits x workers.
+    workers meanwhile, rather than wait or train on fewer than it was told to: ``min_workers`` is a
+    promise about the worker count, and so about the weights (the same seed on the same number of
+    workers trains the same weights).  A floor never takes a worker from another fit's grant; it
+    shares it, which slows both fits' updates but changes neither's result.  The work grows as
+    fits x workers.
 
     Examples
     --------
@@ -100,10 +102,8 @@ def divide(workers: list[str], wants: dict[str, int], held: dict[str, list[str]]
     {'a': ['w1', 'w2'], 'b': ['w3']}
     >>> divide(["w1"], {"a": 1, "b": 1}, {"a": ["w1"]}, capacity=1)
     {'a': ['w1'], 'b': ['w1']}
-    >>> divide(["w1", "w2", "w3", "w4"], {"a": 2, "b": 4}, {}, capacity=8, least={"a": 2, "b": 4})  # b's start
-    {'a': ['w1', 'w2'], 'b': ['w3', 'w4']}
-    >>> divide(["w1", "w2"], {"a": 2}, {}, capacity=8, least={"a": 2, "b": 2})
-    {'a': ['w1', 'w2']}
+    >>> divide(["w1", "w2"], {"a": 2, "b": 2}, {}, capacity=2, least={"a": 2, "b": 2})
+    {'a': ['w1', 'w2'], 'b': ['w2', 'w1']}
     """
     share = shares({**wants, **(potential or {})}, max(capacity, len(workers)), speedups)
     share = {f: min(share[f], w) for f, w in wants.items()}
@@ -119,15 +119,13 @@ def divide(workers: list[str], wants: dict[str, int], held: dict[str, list[str]]
         if need > 0:
             grants[fit] += itertools.islice(free, need)
     least = least or {}
-    wanting = sum(1 for w in wants.values() if w > 0)
-    equal = max(1, len(workers) // max(1, wanting))  # the most workers a floor may share
     order = {w: i for i, w in enumerate(workers)}
     load = dict.fromkeys(workers, 0)
     for grant in grants.values():
         for w in grant:
             load[w] += 1
     for fit, want in wants.items():
-        floor = min(len(workers), max(min(least.get(fit, 0), equal), 1 if want > 0 else 0))
+        floor = min(len(workers), max(least.get(fit, 0), 1 if want > 0 else 0))
         if len(grants[fit]) >= floor:
             continue
         mine = set(grants[fit])

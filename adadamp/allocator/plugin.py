@@ -169,6 +169,8 @@ class Allocator(SchedulerPlugin):
         ahead = max(want, _count(h, "ahead", want if ahead is None else ahead))
         most = _count(h, "most", ahead if most is None else most)
         least = _count(h, "least", least)
+        if least > most:
+            raise ValueError(f"{h}: least={least} is above most={most} (min_workers above max_workers)")
         borrow = _count(h, "borrow", borrow or 0)
         if not isinstance(scaled, bool):
             raise TypeError(f"{h}: scaled={scaled!r:.60} is not True or False")
