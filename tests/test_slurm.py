@@ -714,7 +714,7 @@ class Slow(nn.Module):
     def forward(self, x):
         if self.training:
             time.sleep(0.02)
-        return self.layer(x).squeeze(-1)
+        return self.layer(x)
 
 
 class Progress(Callback):
@@ -728,7 +728,7 @@ if __name__ == "__main__":
         f.write(os.environ.get("SLURM_JOB_ID", "-") + "\\n")
     X = np.random.default_rng(0).normal(size=(512, 4)).astype("float32")
     y = X.sum(axis=1)
-    est = DaskRegressor(module=Slow, batch_size=16, max_epochs=12, random_state=0, max_workers=1,
+    est = DaskRegressor(module=Slow, batch_size=16, max_epochs=8, random_state=0, max_workers=1,
                         checkpoint=os.path.join(FOLDER, "fit.ckpt"), checkpoint_every=4,
                         callbacks=[("progress", Progress())])
     with auto_requeue():
@@ -770,7 +770,7 @@ def test_a_fit_signalled_twice_before_its_time_limit_requeues_and_ends_with_the_
     job = _run("sbatch", "--parsable", "--requeue", "--signal=B:USR1@30", "--time=10", "-c", "2", f"--job-name={name}",
                f"--output={queued}/job-%j-%s.out", f"--chdir={queued}", str(batch)).strip().split(";")[0]
     try:
-        for starts, at in ((1, 40), (2, 130)):  # signalled in the first run and in the requeued one
+        for starts, at in ((1, 30), (2, 100)):  # signalled in the first run and in the requeued one
             poll(lambda n=starts: len(_starts(queued)) == n, 120, f"start {starts} of job {job}")
             poll(lambda n=at: _updates(queued) >= n, 180, f"update {at} of job {job} (at {_updates(queued)})")
             _run("scancel", "--batch", "--signal=USR1", job)

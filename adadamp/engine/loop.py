@@ -78,11 +78,14 @@ class FitLoop:
         if self._mark != self._epoch_start:
             self._gaps.append(max(0.0, now - self._mark - updates[-1]["update_time"]))
         self._mark = now
+        # The epoch's last update is saved, and stopped after, with the epoch's row (``_run``): a
+        # checkpoint of a finished epoch without its row would make the resumed fit train it again.
+        ends_epoch = not self.state.loop.in_epoch(self._epoch_end)
         every = self.checkpoint_every
-        if self._writer is not None and every and self.state.loop.n_updates % every == 0:
+        if self._writer is not None and every and self.state.loop.n_updates % every == 0 and not ends_epoch:
             self._backend.sync()
             self._writer.save(self.state, updates)
-        if self._stop.signum is not None:  # Ctrl-C or SIGTERM: this update is the last
+        if self._stop.signum is not None and not ends_epoch:  # Ctrl-C or SIGTERM: this update is the last
             self._backend.sync()
             if self._writer is not None:
                 self._writer.save(self.state, updates)
@@ -170,6 +173,7 @@ class FitLoop:
                 self._eta, self._eta_at = eta, time.monotonic()
                 self._measuring = self._untold = eta is None  # nothing measured yet: estimate as updates come
                 self.call("on_epoch_begin", epoch=len(s.history) + 1, n_data=s.loop.n_data, eta=eta)
+                self._epoch_end = s.loop.epoch_end()  # where backend.run_epoch ends this epoch
                 row = backend.run_epoch(epoch_updates, self._on_update)
                 epoch_updates = []
                 if self.valid is not None:
