@@ -6,11 +6,12 @@ are views into it, so copying weights in or gradients out is one ``memcpy``.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
 
-__all__ = ["bind_parameters", "examples_independent", "flatten_parameters", "float_buffers", "squared_norm", "trainable"]
+__all__ = ["bind_parameters", "compact_copy", "examples_independent", "flatten_parameters", "float_buffers", "squared_norm", "trainable"]
 
 
 def flatten_parameters(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,6 +52,31 @@ def bind_parameters(
         p.grad = grads[offset : offset + n].view_as(p)
         offset += n
     return flat, grads
+
+
+def compact_copy(module: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    """A copy of ``module`` and ``optimizer`` (the copy's optimizer on the copy's parameters) whose
+    tensors own their data.
+
+    A parameter bound to the flat buffers (:func:`bind_parameters`) is a view, and pickling a view
+    writes its whole storage: a module of 62 tensors over 11M parameters pickled to 6 GB (every
+    parameter and gradient carrying both buffers).  The copy pickles to the state's own size.
+    """
+    module, optimizer = copy.deepcopy((module, optimizer))  # one copy of each shared buffer
+    for p in module.parameters():
+        p.data = _own(p.data)
+        if p.grad is not None:
+            p.grad = _own(p.grad)
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = _own(value)
+    return module, optimizer
+
+
+def _own(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, cloned where it is a view into a larger storage."""
+    return tensor.clone() if tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size() else tensor
 
 
 def float_buffers(module: torch.nn.Module) -> list[torch.Tensor]:

@@ -78,7 +78,7 @@ from ...records import (
 )
 from ...wire.batches import BatchPlan
 from ...wire.optimizer_plan import apply_plan, group_settings
-from ...wire.parameters import flatten_parameters, float_buffers
+from ...wire.parameters import compact_copy, flatten_parameters, float_buffers
 from ...wire.rpc import rpc_call
 from ...worker.rendezvous import ABORT
 from ...worker.replica import dump_state, load_state
@@ -176,8 +176,10 @@ class AllReduce(Backend):
             self.client.sync(self.client.scheduler.set_metadata, keys=[self.fit_id], value={}, callback_timeout=5.0)
 
     def _module_payload(self) -> bytes:
-        # one pickle: the optimizer's state keeps pointing at the module's parameters
-        return cloudpickle.dumps((self.module, self.criterion, self.device, self.optimizer))
+        # one pickle: the optimizer's state keeps pointing at the module's parameters; of a copy whose
+        # tensors own their data (the module's are views into the flat buffers: compact_copy)
+        module, optimizer = compact_copy(self.module, self.optimizer)
+        return cloudpickle.dumps((module, self.criterion, self.device, optimizer))
 
     def _bind(self) -> None:
         """The client's module keeps its own flat buffers (it is only written at a sync)."""
