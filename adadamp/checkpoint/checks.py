@@ -78,10 +78,14 @@ def check_records(records: list, path, key: str) -> None:
             raise corrupt(path, f"its {key}[{i}] is not a record of numbers, text and lists of them")
 
 
-def check_module(saved: dict, module, path) -> None:
-    """Named tensors with ``module``'s names, shapes and dtypes."""
+def _check_named_tensors(saved: dict, path) -> None:
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in saved.items()):
         raise corrupt(path, "its module is not a state dict of named tensors")
+
+
+def check_module(saved: dict, module, path) -> None:
+    """Named tensors with ``module``'s names, shapes and dtypes."""
+    _check_named_tensors(saved, path)
     mine = module.state_dict()
     if saved.keys() != mine.keys():
         differ = sorted(set(saved) ^ set(mine))[:4]
@@ -102,8 +106,7 @@ def check_payload(payload, path, budget: int) -> None:
             found = f"{type(payload[key]).__name__}, not a {expected.__name__}" if key in payload else "missing"
             raise corrupt(path, f"its field {key!r} is {found}")
     check_tensors(payload, path, budget)
-    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in payload["module"].items()):
-        raise corrupt(path, "its module is not a state dict of named tensors")
+    _check_named_tensors(payload["module"], path)
     check_optimizer_dict(payload["optimizer"], path)
     check_loop(payload["loop"], path)
     for key in ("history", "epoch_updates"):

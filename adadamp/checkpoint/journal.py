@@ -43,11 +43,8 @@ class Journal:
         self.path = journal_path(checkpoint)
         self.rows = 0
         self.digest = hashlib.blake2b(digest_size=16)
-        lines = [_line(r) for r in history]
-        write_private(self.path, lambda f: f.write(b"".join(lines)))  # drops rows no checkpoint counts
-        for line in lines:
-            self.digest.update(line)
-        self.rows = len(lines)
+        data = self.take(history)
+        write_private(self.path, lambda f: f.write(data))  # drops rows no checkpoint counts
 
     def take(self, history: list[dict]) -> bytes:
         """The rows of ``history`` past those taken, as the bytes :meth:`write` appends; counted (and
