@@ -18,22 +18,23 @@ _EXPORTS = {
     "SchedulerLostError": "exceptions",
     "InvalidParameterError": "exceptions",
     "FitInterrupted": "exceptions",
+    "StopTraining": "exceptions",
     "MLP": "modules",
     "Callback": "callbacks",
     "Checkpoint": "callbacks",
     "EarlyStopping": "callbacks",
     "LRScheduler": "callbacks",
-    "TensorBoard": "loggers",
-    "MLflowLogger": "loggers",
-    "MlflowLogger": "loggers",  # skorch's spelling
+    "TensorBoard": "callbacks",
+    "MLflowLogger": "callbacks",
+    "MlflowLogger": "callbacks",  # skorch's spelling
     "ProgressBar": "callbacks",
-    "close_embedded_cluster": "embedded",
+    "close_embedded_cluster": "cluster",
     "auto_requeue": "engine.interrupts",
     # The dampers a user picks by name; their helpers (TrainState, count_updates, ...) stay in adadamp.dampers.
     **dict.fromkeys(("AdaDamp", "AdaScale", "AdamScale", "BaseDamper", "CntsDampLR", "Constant", "DynamicSGD",
                      "GeoDamp", "GeoDampLR", "Goodput", "GradientDescent", "PadaDamp", "RadaDamp", "Seesaw"), "dampers"),
 }
-_SUBMODULES = ("callbacks", "checkpoint", "cluster", "dampers", "embedded", "engine", "estimators", "loggers", "plot", "simulate")
+_SUBMODULES = ("callbacks", "checkpoint", "cluster", "dampers", "dashboard", "engine", "estimators", "plot", "simulate")
 
 #: Every name above but skorch's spelling of MLflowLogger, and the submodules with public functions.
 __all__ = [name for name in _EXPORTS if name != "MlflowLogger"] + ["dampers", "plot", "simulate"]

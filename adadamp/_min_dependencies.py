@@ -1,7 +1,7 @@
 """The lowest version of each dependency that adadamp supports: the one place that names them.
 
 As scikit-learn's ``sklearn/_min_dependencies.py``: ``setup.cfg``'s ``install_requires`` and the
-installation page (``docs/install.rst``) name the same versions (``tests/test_min_dependencies.py``
+installation page (``docs/install.rst``) name the same versions (``tests/project/test_min_dependencies.py``
 checks that the three agree), and CI (``.ci/minimums``) installs exactly these versions in a fresh
 environment and runs the subset of the suite listed in ``tests/minimums.txt`` on them.
 

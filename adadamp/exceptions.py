@@ -1,4 +1,13 @@
-"""Errors adadamp raises on purpose."""
+"""Errors adadamp raises on purpose, every one of them defined here.
+
+The ones a user catches around ``fit`` are also names of :mod:`adadamp` (``ConvergenceError``,
+``NoWorkersError``, ``SchedulerLostError``, ``FitInterrupted``, ``StopTraining``,
+``InvalidParameterError``).  The others name the part that raises them, and stay importable from
+it: a refused checkpoint file (``adadamp.checkpoint``), a spelling of the original adadamp
+(``adadamp.porting``), the gradient channel (``adadamp.wire.channel``), a worker's error while
+computing or reading a Dataset (``adadamp.worker.loading``).  This module imports nothing of
+adadamp, so every layer may raise them.
+"""
 
 from __future__ import annotations
 
@@ -148,4 +157,78 @@ class InvalidParameterError(ValueError, TypeError):
     ... except InvalidParameterError as err:
     ...     print(err)
     max_epochs must be an integer >= 1; got 0.
+    """
+
+
+class OldSpellingError(TypeError):
+    """A name of the original adadamp that is spelled differently here (the message says how).
+
+    Raised before any cluster work (:mod:`adadamp.porting` holds the table of old names).
+
+    Examples
+    --------
+    >>> from adadamp.dampers import GeoDamp
+    >>> try:
+    ...     GeoDamp(dampingdelay=5)
+    ... except OldSpellingError as err:
+    ...     print(err)
+    GeoDamp: `dampingdelay` is called `delay` here (epochs between increases).
+    """
+
+
+class UnsafeCheckpointError(PermissionError):
+    """A checkpoint file that others could have written; it is not read.
+
+    Examples
+    --------
+    >>> issubclass(UnsafeCheckpointError, PermissionError)
+    True
+    """
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file that is not as adadamp writes it, or not for this estimator; nothing of it is used.
+
+    Raised while loading, before any array is built from the file and before any cluster work or
+    training step, so a crafted file costs neither memory nor a fitted state.
+
+    Examples
+    --------
+    >>> issubclass(CorruptCheckpointError, ValueError)
+    True
+    """
+
+
+class ChannelAuthError(PermissionError):
+    """The peer did not prove that it holds the fit's key (:mod:`adadamp.wire.channel`).
+
+    The client then sends that worker's gradients as Dask RPCs; the fit goes on.
+
+    Examples
+    --------
+    >>> issubclass(ChannelAuthError, PermissionError)
+    True
+    """
+
+
+class WorkerError(RuntimeError):
+    """A gradient computation raised on the worker (not a lost worker).
+
+    Its message is the worker's error as text, ``"TypeName: message"``: nothing a channel
+    receives is unpickled.
+
+    Examples
+    --------
+    >>> issubclass(WorkerError, RuntimeError)
+    True
+    """
+
+
+class DatasetError(RuntimeError):
+    """``dataset[i]`` raised on a worker; the message names the example and the worker.
+
+    Examples
+    --------
+    >>> issubclass(DatasetError, RuntimeError)
+    True
     """

@@ -11,9 +11,7 @@ from __future__ import annotations
 import inspect
 import types
 
-
-class OldSpellingError(TypeError):
-    """A name of the original adadamp that is spelled differently here (the message says how)."""
+from .exceptions import OldSpellingError  # noqa: F401 -- defined with the others, importable from here too
 
 #: Estimator parameters of the original ``DaskBaseDamper`` (and routing prefixes, ``loss__*``).
 ESTIMATOR_PARAMS: dict[str, str] = {

@@ -1,8 +1,8 @@
 """What the engine passes around, defined once: the messages between the client and its workers
-(a share request and its gradient reply, a worker's set-up and its reply with the shared-memory
-and channel offers, block moves, an all-reduce group's forming and commits, a fit's release, the
-all-reduce step vector), one update's record, one epoch's row of ``history_``, and the training
-state a fit works on.
+(a share request, carried to its worker in a gradient request, and the gradient reply, a worker's
+set-up and its reply with the shared-memory and channel offers, block moves, an all-reduce
+group's forming and commits, a fit's release, the all-reduce step vector), one update's record,
+one epoch's row of ``history_``, and the training state a fit works on.
 
 Plain dataclasses with no Dask and no engine imports, so the workers (``adadamp.worker.plugin``,
 ``adadamp.wire.channel``) use them without importing the client side.  A message crosses a Dask
@@ -86,6 +86,40 @@ class ShareRequest:
     in_reply: bool = False
     plan: np.ndarray | None = None  # int64: BatchPlan.to_array()
     parts: np.ndarray | None = None  # int64 (k, 2): each shard's dropout seed and example count
+
+
+@dataclass
+class GradientRequest:
+    """What a worker computes for one share: the ``share`` as the client planned it, with what the
+    round sends every worker alike.  The arguments of the ``adadamp_gradient`` RPC, and what a
+    gradient channel's request carries (:mod:`adadamp.wire.channel`).
+
+    A channel serves one fit and writes only what the worker computes with, so on its side
+    ``fit_id`` is empty, as are the share's ``worker`` and ``shard`` (the client's bookkeeping).
+
+    Examples
+    --------
+    >>> r = GradientRequest(ShareRequest("tcp://10.0.0.2:4000", seed=7, indices=np.arange(3)), n_chunks=2)
+    >>> r.nbytes(), r.weights is None  # None: the worker maps the weights, or keeps its replica's
+    (24, True)
+    """
+
+    share: ShareRequest
+    n_chunks: int  # the chunks of the share whose squared gradient norms are summed, for AdaScale (0: none)
+    weights: np.ndarray | None = None  # float32; None: the worker reads them from shared memory, or keeps its own
+    buffers: np.ndarray | None = None  # float32 running statistics the share starts from (None: the worker's own)
+    fit_id: str = ""  # the fit whose state computes it (the RPC's; a channel serves one fit)
+
+    def __post_init__(self):
+        if isinstance(self.share, dict):  # as it crossed the RPC
+            self.share = ShareRequest(**self.share)
+        elif not isinstance(self.share, ShareRequest):
+            raise TypeError(f"a gradient request's share is a ShareRequest, not {type(self.share).__name__}")
+
+    def nbytes(self) -> int:
+        """The bytes of the request's arrays: what it sends besides its numbers."""
+        arrays = [*(getattr(self.share, f.name) for f in dataclasses.fields(ShareRequest)), self.weights, self.buffers]
+        return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
 
 
 def to_message(record) -> dict:
@@ -348,7 +382,7 @@ class UpdateRecord:
     (:mod:`adadamp.engine.speeds`) and ``lost`` the
     workers the update lost (dead, or not answering in ten times the others' time) and
     recomputed the shares of; ``lent`` the workers no fit wanted that the cluster's allocator lent
-    to the update (:func:`~adadamp.allocator.lend`; only with ``shares="speed"``).
+    to the update (:func:`~adadamp.cluster.division.lend`; only with ``shares="speed"``).
     """
 
     batch_size: int

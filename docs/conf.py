@@ -1,6 +1,6 @@
 """Sphinx configuration for the adadamp documentation.
 
-Build with warnings as errors (what CI does through ``tests/test_docs.py``)::
+Build with warnings as errors (what CI does through ``tests/project/test_docs.py``)::
 
     python -m sphinx -W --keep-going -b html docs docs/_build/html
 

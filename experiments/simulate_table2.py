@@ -316,13 +316,13 @@ def main() -> str:
     return text
 
 
-CALIBRATION = ROOT / "benchmarks" / "allreduce-calibration.json"
+CALIBRATION = ROOT / "benchmarks" / "allreduce" / "allreduce-calibration.json"
 
 
 def measured_column(traces: dict[str, UpdateTrace], tpe: float, ours: dict, w) -> None:
     """The decentralized-moderate column with adadamp's all-reduce backend's overheads, measured.
 
-    ``benchmarks/allreduce-calibration.json`` (``python -m benchmarks.allreduce --part calibration``)
+    ``benchmarks/allreduce/allreduce-calibration.json`` (``python -m benchmarks.allreduce --part calibration``)
     holds the overheads fitted to real runs of the backend; they are added to the ideal ring.
     """
     import json
@@ -337,7 +337,7 @@ def measured_column(traces: dict[str, UpdateTrace], tpe: float, ours: dict, w) -
     w("## Measured column: adadamp's all-reduce backend")
     w("")
     w("The decentralized-moderate ring plus the per-update overheads of `backend=\"allreduce\"` measured on")
-    w(f"this machine (`benchmarks/allreduce.md`: {cal['overhead_per_update'] * 1e3:.2f} ms per update +"
+    w(f"this machine (`benchmarks/allreduce/allreduce.md`: {cal['overhead_per_update'] * 1e3:.2f} ms per update +"
       f" {cal['overhead_per_worker'] * 1e3:.2f} ms per worker, fitted with `adadamp.simulate.calibrate` to a")
     w("real run at 2 workers): what the implementation adds to the ideal ring (the client's request and reply")
     w("each update, the all-reduce the backward pass does not hide). Minutes:")

@@ -1,5 +1,5 @@
 """Shared fixtures: one real LocalCluster of worker processes for the session, the single-node
-SLURM of ``tests/slurm`` (``slurm``), the emulated hosts of ``tests/netbed`` (``netbed_ready``), and a check for processes a test left behind."""
+SLURM of ``tests/system/slurm`` (``slurm``), the emulated hosts of ``tests/system/netbed`` (``netbed_ready``), and a check for processes a test left behind."""
 
 import contextlib
 import gc
@@ -15,9 +15,15 @@ import pytest
 import torch
 from distributed import Client, LocalCluster
 
-SLURM_DIR = Path(__file__).resolve().parent / "slurm"
+SLURM_DIR = Path(__file__).resolve().parent / "system" / "slurm"
 SLURM_START_TIMEOUT = 420  # seconds; the first start may install packages with apt-get
-BROWSER_INSTALL = Path(__file__).resolve().parent / "browser" / "install.sh"
+BROWSER_INSTALL = Path(__file__).resolve().parent / "system" / "browser" / "install.sh"
+# The test folders mirror adadamp's packages; their modules import each other's fault injectors by
+# module name (``from test_elastic import StopAt``), here and on the workers that unpickle them, and
+# the emulated hosts of tests/system/netbed are ``netbed``: every folder is on the path, in a fixed order.
+for _folder in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is_dir() and p.name != "__pycache__"):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 torch.set_num_threads(1)
 
@@ -68,7 +74,7 @@ def back_to_two(client, timeout: float = 60.0) -> None:
     import math
     import time
 
-    from adadamp import allocator
+    from adadamp.cluster import adaptive as allocator
 
     if len(client.scheduler_info()["workers"]) <= 2:
         return
@@ -160,10 +166,10 @@ def _ci() -> bool:
 def slurm():
     """A single-node SLURM (munged, slurmctld, slurmd on localhost) for the session.
 
-    ``tests/slurm/start.sh`` installs and starts it as root; where it cannot, the test skips with
+    ``tests/system/slurm/start.sh`` installs and starts it as root; where it cannot, the test skips with
     the reason, or fails when the environment variable ``CI`` is set (CI must run the SLURM tests).
     Yields start.sh's last line ("SLURM ready (started: ...)"); at the end of the session
-    ``tests/slurm/stop.sh`` stops what this start started, unless ``ADADAMP_SLURM_KEEP=1``.
+    ``tests/system/slurm/stop.sh`` stops what this start started, unless ``ADADAMP_SLURM_KEEP=1``.
     """
     reason = None
     start = SLURM_DIR / "start.sh"
@@ -177,11 +183,11 @@ def slurm():
         except subprocess.TimeoutExpired as err:
             tail = (err.stderr or b"")[-1500:]
             tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-            reason = f"tests/slurm/start.sh did not finish within {SLURM_START_TIMEOUT} s: {tail.strip()}"
+            reason = f"tests/system/slurm/start.sh did not finish within {SLURM_START_TIMEOUT} s: {tail.strip()}"
         else:
             if proc.returncode != 0:
                 tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-                reason = f"SLURM could not be started (tests/slurm/start.sh exit {proc.returncode}):\n{tail}"
+                reason = f"SLURM could not be started (tests/system/slurm/start.sh exit {proc.returncode}):\n{tail}"
     if reason is not None:
         if _ci():
             pytest.fail(f"{reason}\n(CI is set: the SLURM tests must run in CI)", pytrace=False)
@@ -194,7 +200,7 @@ def slurm():
 
 @pytest.fixture(scope="session")
 def netbed_ready():
-    """Whether ``tests/netbed`` can build emulated hosts here (Linux, root, iproute2, installed with
+    """Whether ``tests/system/netbed`` can build emulated hosts here (Linux, root, iproute2, installed with
     apt-get where missing); where it cannot, the test skips with the reason, or fails when ``CI``
     is set (CI must run the multi-host tests).  Also removes what dead test beds left behind."""
     import netbed
@@ -209,17 +215,17 @@ def netbed_ready():
 
 @pytest.fixture(scope="session")
 def chromium() -> str:
-    """Debian's headless Chromium (``tests/browser/install.sh`` installs it as root); where it cannot
+    """Debian's headless Chromium (``tests/system/browser/install.sh`` installs it as root); where it cannot
     be had the test skips with the reason, or fails when ``CI`` is set (CI must run the browser tests)."""
     try:
         proc = subprocess.run(["bash", str(BROWSER_INSTALL)], check=False, capture_output=True, text=True,
                               timeout=SLURM_START_TIMEOUT)
         reason = None if proc.returncode == 0 else (
-            f"Chromium could not be installed (tests/browser/install.sh exit {proc.returncode}): "
+            f"Chromium could not be installed (tests/system/browser/install.sh exit {proc.returncode}): "
             + "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-10:])
         )
     except subprocess.TimeoutExpired:
-        reason = f"tests/browser/install.sh did not finish within {SLURM_START_TIMEOUT} s"
+        reason = f"tests/system/browser/install.sh did not finish within {SLURM_START_TIMEOUT} s"
     if reason is not None:
         if _ci():
             pytest.fail(f"{reason}\n(CI is set: the browser tests must run in CI)", pytrace=False)

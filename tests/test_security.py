@@ -35,6 +35,7 @@ from adadamp.records import (
     BlocksReply,
     ChannelOffer,
     GradientReply,
+    GradientRequest,
     ReleaseReply,
     ReleaseRequest,
     SetupReply,
@@ -377,7 +378,8 @@ def test_a_checkpoint_of_another_fit_is_not_taken_for_this_one(data, tmp_path, c
 
 
 # -------------------------------------------------------------------------------- channels
-def _answer(weights, indices, *_):
+def _answer(request):
+    indices = request.share.indices
     return GradientReply(n=len(indices), loss_sum=0.0, chunk_sq_norm_sum=0.0, n_chunks=1, compute_time=0.0,
                          grad=None, buffers=None, weight=len(indices))
 
@@ -402,7 +404,7 @@ def test_silent_connections_do_not_hold_up_the_client():
     try:
         assert holding.wait(10)
         channel = Channel("127.0.0.1", server.port, server.token, n_weights=2, timeout=3)
-        channel.send(np.array([1, 2, 3]), 1, 0, None)
+        channel.send(GradientRequest(ShareRequest("", 0, np.array([1, 2, 3])), 1))
         assert channel.receive(time.monotonic() + 5).n == 3
         channel.close()
     finally:

@@ -19,30 +19,9 @@ from pathlib import Path
 
 import torch
 
+from ..exceptions import CorruptCheckpointError, UnsafeCheckpointError
+
 FORMAT = 2  #: the checkpoint format this adadamp writes and reads
-
-
-class UnsafeCheckpointError(PermissionError):
-    """A checkpoint file that others could have written; it is not read.
-
-    Examples
-    --------
-    >>> issubclass(UnsafeCheckpointError, PermissionError)
-    True
-    """
-
-
-class CorruptCheckpointError(ValueError):
-    """A checkpoint file that is not as adadamp writes it, or not for this estimator; nothing of it is used.
-
-    Raised while loading, before any array is built from the file and before any cluster work or
-    training step, so a crafted file costs neither memory nor a fitted state.
-
-    Examples
-    --------
-    >>> issubclass(CorruptCheckpointError, ValueError)
-    True
-    """
 
 
 def corrupt(path, why: str) -> CorruptCheckpointError:

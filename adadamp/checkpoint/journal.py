@@ -1,8 +1,8 @@
 """A fit's history beside its checkpoint file, appended an epoch at a time.
 
-A checkpoint that held the whole history grew with the fit: with ``checkpoint_every=20`` on a
-150-epoch fit the epoch time went from 0.76 s to 8.75 s by epoch 26 (3.1 MB a write at epoch 70).
-So the fit loop's checkpoints keep the finished epochs' rows in ``<checkpoint>.history`` (JSON
+A checkpoint holding the whole history would grow with the fit (measured with
+``checkpoint_every=20`` on a 150-epoch fit: the epoch time rose from 0.76 s to 8.75 s by epoch 26,
+3.1 MB a write at epoch 70).  So the fit loop's checkpoints keep the finished epochs' rows in ``<checkpoint>.history`` (JSON
 lines, private as the checkpoint), appended once per epoch, and name how many rows they cover and
 the rows' digest: a write costs the same at any length, and a resumed fit reads the rows once.
 Rows past the count (an epoch whose checkpoint was never written) are dropped when the fit goes on.

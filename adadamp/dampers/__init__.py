@@ -60,7 +60,7 @@ to be pickled (checkpoints); lambdas clone but do not pickle.
 engine's epoch loop without any model (schedules, update counts).
 
 The formulas, with the papers they come from, are in the Dampers guide
-(docs/guide/dampers.rst); ``tests/test_dampers.py`` holds their numeric oracles.
+(docs/guide/dampers.rst); ``tests/dampers/test_dampers.py`` holds their numeric oracles.
 
 Examples
 --------

@@ -134,13 +134,70 @@ class UpdatePlan:
 class BaseDamper(BaseEstimator):
     """Base class of every damper (the protocol is described in :mod:`adadamp.dampers`).
 
-    Subclasses store their constructor arguments unchanged in ``__init__``,
-    validate them in :meth:`reset` and keep every evolving quantity in
-    attributes ending in ``_`` created by :meth:`reset`.  They implement
-    :meth:`next_batch_size` and, as needed, :meth:`plan_update` (the
-    default keeps the learning rate and applies the ``momentum`` rule, if
-    the damper has that parameter) and
-    :meth:`forecast_batch_size` (lets the cluster grow ahead of the batch).
+    A new damper stores its constructor arguments unchanged in ``__init__`` (scikit-learn's
+    rule: ``get_params`` and ``clone`` read them back) and implements the one required hook.
+    Every optional hook has a default, overridden when the damper needs it; the flags
+    (``Attributes``) tell the engine what the damper reads.
+
+    .. rubric:: Required hook
+
+    :meth:`next_batch_size(state) <next_batch_size>`
+        Before each update, with the :class:`TrainState`: the examples to use (>= 1; the engine
+        takes fewer at the end of a data epoch).
+
+    .. rubric:: Optional hooks
+
+    :meth:`reset(n_data) <reset>`
+        Called on a fresh clone before a fresh fit (and by a damper on the schedule it wraps);
+        checks the parameters (``ValueError`` naming the one at fault) and creates every
+        evolving quantity in attributes ending in ``_``.  Returns ``self``; the default checks
+        nothing.
+    :meth:`plan_update(state, batch_size, stats) <plan_update>`
+        After each update's gradient: the :class:`UpdatePlan` (learning-rate factor, momentum,
+        how far the epoch clock advances).  A damper that reads no statistics
+        (``needs_grad_stats`` None) may be asked before the gradient is in (an all-reduce fit
+        hands the step on with the requests).  The default keeps the learning rate and the
+        data epochs, and applies the ``momentum`` rule when the damper has that parameter.
+    :meth:`forecast_batch_size(epoch) <forecast_batch_size>`
+        When the fit sizes the cluster (its first workers, then ``prescale_epochs`` ahead at
+        each update) and estimates the time left: the batch size expected at a future point of
+        the epoch clock, or None.  The default, None: the workers follow each batch as it comes.
+    :meth:`continue_from(progress) <continue_from>`
+        On a damper built afresh for a run that goes on (a warm start after ``batch_size__*``
+        changed), with the epoch clock in examples; returns ``self``.  The default does nothing:
+        a damper that reads only the :class:`TrainState` needs nothing here.
+    :meth:`scheduler_steps(n_updates) <scheduler_steps>`
+        By ``LRScheduler(step_every="batch")``: the iterations a per-update learning-rate
+        scheduler has reached.  The default counts model updates.
+    :meth:`workers_for(batch_size) <workers_for>`
+        When the fit picks its workers for a batch: how many, or None, the default, for the
+        cluster policy's ``ceil(batch_size / grads_per_worker)``.  Clipped to
+        ``[min_workers, max_workers]`` either way.
+    :meth:`speedups(most) <speedups>`
+        Before each update of a fit that scales the cluster: the predicted speedup on 1, 2, ...
+        ``most`` workers, by which a shared cluster divides its workers.  The default, None,
+        asks for an equal share.
+    :meth:`bind_optimizer(family) <bind_optimizer>`
+        Before the first update of each ``fit``/``partial_fit`` call: ``"sgd"`` or
+        ``"adaptive"``, the optimizer the fit steps.  The default ignores it.
+    :meth:`observe(record) <observe>`
+        After each update: its :class:`~adadamp.records.UpdateRecord` (what it cost).  The
+        default ignores it.
+    :meth:`explain() <explain>`
+        After :meth:`observe`: numbers added to the update's row of ``history_``, why the damper
+        chose as it did.  The default adds none.
+
+    Attributes
+    ----------
+    needs_grad_stats : {None, "norm", "chunks"} or bool, default=None
+        The gradient statistics :meth:`plan_update` reads (through :meth:`stats_level`): None,
+        none (``stats`` is None); ``"norm"``, ``GradStats.grad_sq_norm`` only (the client
+        computes it from the summed gradient, at no cost to the workers; RadaDamp);
+        ``"chunks"``, also the per-chunk sums (a squared norm per shard, or, for a batch of one
+        shard, one extra backward pass over half of it; AdaScale).  True means ``"chunks"``.
+    follows_workers : bool, default=False
+        The batch size follows the workers the cluster has (elastic DynamicSGD): the cluster is
+        then never sized from the batch size, which would feed back on itself.
 
     Examples
     --------
@@ -179,15 +236,8 @@ class BaseDamper(BaseEstimator):
         for which ``ok`` holds: every damper's checks of its numbers read alike."""
         _check_real(getattr(self, param), param, ok, must, type(self).__name__, hint)
 
-    #: The gradient statistics :meth:`plan_update` reads: None (none, ``stats`` is None),
-    #: ``"norm"`` (``GradStats.grad_sq_norm`` only: the client computes it from the summed
-    #: gradient, at no cost to the workers; RadaDamp) or ``"chunks"`` (also the per-chunk
-    #: sums: a squared norm per shard, or, for a batch of one shard, one extra backward pass
-    #: over half of it; AdaScale).  ``True``
-    #: means ``"chunks"``.
+    # The flags (the class docstring's Attributes).
     needs_grad_stats: str | bool | None = None
-    #: The batch size follows the workers the cluster has (elastic DynamicSGD): the
-    #: cluster is then never sized from the batch size, which would feed back on itself.
     follows_workers: bool = False
 
     def workers_for(self, batch_size: int) -> int | None:
@@ -205,7 +255,13 @@ class BaseDamper(BaseEstimator):
     def speedups(self, most: int) -> list[float] | None:
         """The predicted speedup on 1, 2, ... ``most`` workers (goodput against one worker's), by
         which a shared cluster divides its workers among the fits that predict one; None: no
-        prediction (the fit gets an equal share)."""
+        prediction (the fit gets an equal share).
+
+        Examples
+        --------
+        >>> Constant(batch_size=32).speedups(4) is None
+        True
+        """
         return None
 
     def bind_optimizer(self, family: str) -> None:

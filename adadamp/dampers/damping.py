@@ -106,7 +106,7 @@ class GeoDamp(_DampingSchedule):
     the noise level, still follows ``D``; DD master ``BaseDamper.step``).
     With the engine's accounting (``ceil(n_data / B)`` updates per epoch,
     batch changes at epoch boundaries) this reproduces Holt & Sievert's
-    Table 1 update counts exactly (``tests/test_simulate.py`` checks them).
+    Table 1 update counts exactly (``tests/simulate/test_simulate.py`` checks them).
 
     Parameters
     ----------

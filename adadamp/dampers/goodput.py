@@ -249,7 +249,7 @@ class Goodput(BaseDamper):
     is not known, never cools down.  With ``anneal`` the learning rate is also multiplied by
     :func:`anneal_factor` all along: ``lr_0`` taken as the best step at ``B_0`` where the noise
     scale was least, the best step falls as the noise scale grows (McCandlish et al. 2018, Sec.
-    2.2).  Measured on three tasks (``benchmarks/goodput.md``), that decay cost 1-6 accuracy
+    2.2).  Measured on three tasks (``benchmarks/goodput/goodput.md``), that decay cost 1-6 accuracy
     points at equal epochs where the cool-down alone came close to the best tuned schedule, so
     it is off by default.  The cool-down takes half the epochs by default: run back to back on
     those tasks (5 epochs, two runs each), it ended 0.2-0.7 points above a cool-down over 0.3 of

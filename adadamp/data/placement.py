@@ -5,10 +5,10 @@ A batch is cut by shards, not by workers: shard ``g``'s examples of an update ar
 differentiated in one pass wherever shard ``g`` lives, and the client adds the shards' gradient
 sums in shard order.  So an update's arithmetic depends on the number of shards, never on which
 worker, or how many, computed them: a worker that dies hands its shards to the others and the
-trajectory does not change by a single bit (issue 27; ``elasticity`` in the docs).  Rank ``k`` is
+trajectory does not change by a single bit (``elasticity`` in the docs).  Rank ``k`` is
 the ``k``-th worker of the fit; each worker holds ``n_shards // n_workers`` shards (the first ones
 one more), or, with speed-based shares, a number of shards that makes the workers finish together
-(:func:`shard_quotas`, issue 33).  When the workers or their quotas change, :func:`plan_moves`
+(:func:`shard_quotas`).  When the workers or their quotas change, :func:`plan_moves`
 moves as few shards as possible (docs/guide/elasticity.rst).  Pure; no Dask.
 """
 

@@ -125,14 +125,7 @@ def _no_holdout(validation_fraction, split_with: str) -> None:
 def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validation_fraction, dask_data="auto"):
     """A dask ``X, y`` checked and encoded on the cluster, persisted there or streamed (``dask_data``);
     returns the data source, the first two examples, the target attributes and whether it is weighted."""
-    if convert.dask_frame_types() and isinstance(X, convert.dask_frame_types()):
-        convert.check_numeric_frame(X)  # from its metadata, before anything runs on a cluster
-    if client is None:
-        raise ValueError(
-            "A dask X trains on the cluster it lives on: create a distributed.Client first "
-            "(or pass client=...)."
-        )
-    _no_holdout(validation_fraction, "a dask X hold out a validation set with dask_ml.model_selection.train_test_split")
+    _refuse_dask_call(X, client, validation_fraction)
     start = time.perf_counter()
     X, y, names = convert.dask_arrays(X, y)
     parts = len(X.chunks[0])
@@ -153,22 +146,14 @@ def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validat
         convert.check_features(X.shape[1], estimator)
     checks = {"finite": da.isfinite(X).all(), **targets.dask_checks(y)}
     if sample_weight is not None:
-        try:
-            w = convert.aligned(sample_weight, X).astype(np.float64)
-        except ValueError as err:
-            raise ValueError(f"sample_weight: {err} One weight per example of X.") from err
-        if w.ndim != 1:
-            raise ValueError(f"sample_weight.shape == {w.shape}, expected ({X.shape[0]},): one weight per example.")
+        w = _dask_weights(sample_weight, X)
         checks.update(w_finite=da.isfinite(w).all(), w_negative=(w < 0).any(), w_total=w.sum())
     if not stream:  # before any task runs: persisting more than the workers hold stalls the fit for minutes
         memory.check_fits([X, y] if sample_weight is None else [X, y, w], workers)
     with client.as_current():
         (checked,) = dask.compute(checks)  # one pass on the cluster; only these scalars come back
     if stream and rows is not None:  # what the workers hold now that they have read the data once (pyarrow...)
-        rows = memory.stream_rows([X, y, *weights], memory.look(client), window, streaming.WINDOWS_HELD)
-        if max(X.chunks[0]) > rows:
-            pieces = memory.split(X.chunks[0], rows)
-            X, y = X.rechunk({0: pieces}), y.rechunk({0: pieces})
+        X, y = _rechunk_to_hold(client, X, y, weights, window)
     logger.info("dask data: %d examples in %d partitions, checked on the cluster in %.2f s",
                 X.shape[0], len(X.chunks[0]), time.perf_counter() - start)
     if not checked["finite"]:
@@ -191,6 +176,40 @@ def _dask_source(X, y, targets, estimator, fresh, client, sample_weight, validat
             return StreamedDaskData(client, X, y, window), head, attrs, sample_weight is not None
         X, y = client.persist([X, y])
     return DaskArrayData(client, X, y), head, attrs, sample_weight is not None
+
+
+def _refuse_dask_call(X, client, validation_fraction) -> None:
+    """Refuse, before anything runs on a cluster, a dask ``X`` that cannot train: a frame with
+    columns that are not numeric (from its metadata), no client, or a validation set to hold out."""
+    if convert.dask_frame_types() and isinstance(X, convert.dask_frame_types()):
+        convert.check_numeric_frame(X)
+    if client is None:
+        raise ValueError(
+            "A dask X trains on the cluster it lives on: create a distributed.Client first "
+            "(or pass client=...)."
+        )
+    _no_holdout(validation_fraction, "a dask X hold out a validation set with dask_ml.model_selection.train_test_split")
+
+
+def _dask_weights(sample_weight, X):
+    """``sample_weight`` as a dask array of float64 chunked like ``X``; one weight per example, or ValueError."""
+    try:
+        w = convert.aligned(sample_weight, X).astype(np.float64)
+    except ValueError as err:
+        raise ValueError(f"sample_weight: {err} One weight per example of X.") from err
+    if w.ndim != 1:
+        raise ValueError(f"sample_weight.shape == {w.shape}, expected ({X.shape[0]},): one weight per example.")
+    return w
+
+
+def _rechunk_to_hold(client, X, y, weights: list, window: int):
+    """``X, y`` cut into blocks small enough for a worker to hold the ``window`` it streams, by
+    what the workers hold now that they have read the data once."""
+    rows = memory.stream_rows([X, y, *weights], memory.look(client), window, streaming.WINDOWS_HELD)
+    if max(X.chunks[0]) > rows:
+        pieces = memory.split(X.chunks[0], rows)
+        X, y = X.rechunk({0: pieces}), y.rechunk({0: pieces})
+    return X, y
 
 
 def _dataset_source(dataset, y, targets, estimator, fresh, client, validation_fraction, loading):

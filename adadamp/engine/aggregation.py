@@ -5,7 +5,7 @@ sum and the statistics the damper asked for); the client adds the shards in shar
 come in and divides once, by the batch's total, when the round is complete (Holt & Sievert 2021,
 "Architecture", steps 3-4: the master aggregates the workers' gradients and updates the model).
 Float addition is not associative, so the order is fixed by the shards and never by the workers:
-the same batch gives bitwise the same sum whichever workers, and how many, computed it (issue 27).
+the same batch gives bitwise the same sum whichever workers, and how many, computed it.
 """
 
 from __future__ import annotations

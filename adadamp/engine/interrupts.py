@@ -1,8 +1,8 @@
 """Ctrl-C and SIGTERM during a fit: a request to stop at the next update's end, not a crash.
 
-A batch scheduler sends SIGTERM before it ends a job, a user presses Ctrl-C; both used to kill the
-fit mid-update (or, once dask-jobqueue's runner had installed ``signal(SIGINT, sys.exit)``, to
-exit with status 0).  While a fit trains in the main thread, the first of them is noted here and
+A batch scheduler sends SIGTERM before it ends a job, a user presses Ctrl-C; left to the default
+handlers, either kills the fit mid-update (or, where dask-jobqueue's runner installed
+``signal(SIGINT, sys.exit)``, exits with status 0).  While a fit trains in the main thread, the first of them is noted here and
 the fit loop stops at the end of the update running (keeping the weights, writing the checkpoint,
 releasing the workers, raising :class:`~adadamp.exceptions.FitInterrupted`); a second Ctrl-C
 stops at once.  The handlers that were there before come back when the fit ends.

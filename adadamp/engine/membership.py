@@ -8,7 +8,7 @@ data blocks).  Workers whose set-up keeps failing, or that hang, are left out of
 
 On any cluster a fit trains on the workers its batch wants (:meth:`Membership.follow`:
 ``clip(ceil(B / grads_per_worker), min_workers, max_workers)`` or the damper's choice), among the
-workers the cluster's allocator grants it (:mod:`adadamp.allocator`: disjoint from other fits'),
+workers the cluster's allocator grants it (:mod:`adadamp.cluster.allocator`: disjoint from other fits'),
 and leaves the others free.  Workers a coming batch will want (the schedule read ahead) are
 declared to the allocator, set up in the background beforehand and wait on *standby*, so that a
 growing batch takes them at once; with ``scale_cluster`` the allocator sizes the cluster for
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -31,8 +32,8 @@ from collections.abc import Callable, Iterable
 
 from distributed import Client, get_worker
 
-from .. import cluster as cl
-from ..allocator import Grant
+from ..cluster import policy as cl
+from ..cluster.grant import Grant
 from ..exceptions import NoWorkersError, SchedulerLostError
 from ..records import ReleaseRequest, SetupReply, SetupRequest
 from ..wire.rpc import rpc_call
@@ -73,6 +74,22 @@ class Occupancy:
 
 #: This process's fits' workers.
 OCCUPANCY = Occupancy()
+
+
+@dataclasses.dataclass
+class _Seen:
+    """What one look at the worker list saw, handed from one step of :meth:`Membership._look` to the next."""
+
+    live: dict  # the live workers granted to the fit (address -> info)
+    lost: tuple[str, ...]  # workers the caller found lost (not to be taken even if listed)
+    survivors: list[str]  # the training workers still live
+    standby: list[str]  # the standby workers still live
+    joined: list[str] = dataclasses.field(default_factory=list)  # joiners: to set up, then those set up now
+    ready: list[str] = dataclasses.field(default_factory=list)  # joiners whose background set-up succeeded
+    failed: list[str] = dataclasses.field(default_factory=list)  # joiners whose set-up failed
+
+    def alive(self, worker: str) -> bool:
+        return worker in self.live and worker not in self.lost
 
 
 class Membership:
@@ -185,16 +202,41 @@ class Membership:
 
     def _look(self, force: bool, lost: tuple[str, ...]) -> list[str] | None:
         """The worker list after this look (None: nothing to look at yet)."""
+        if not self._due(force, lost):
+            return None
+        seen = self._read_live(lost)
+        seen.joined = self._choose_joiners(seen)
+        self._occupy([*seen.survivors, *seen.joined])  # claimed before their set-up: a concurrent fit's look takes others
+        # While training runs on other workers, joiners are set up in the background and take part
+        # from the first look after their set-up is done (a slow set-up never stalls an update).
+        background = not force and not lost and bool(seen.survivors)
+        self._finish_pending(seen, background)
+        self._set_up_joiners(seen, background)
+        joined = self._train_or_stand_by(seen)
+        self._remember(seen)
+        new = seen.survivors + joined
+        if not new:
+            self._refuse_if_all_quarantined(seen)
+        return new
+
+    def _due(self, force: bool, lost: tuple[str, ...]) -> bool:
+        """Whether to look now: when told to, when workers were lost or joiners are set up, or
+        when the interval passed and the watcher saw the worker list change."""
         now = time.monotonic()
         set_up = self._pending is not None and self._pending[1].done()  # joiners ready: take them now
         if not force and not lost and not set_up and not self._look_now:
             if now - self._last_refresh < MEMBERSHIP_INTERVAL:
-                return None
+                return False
             latest = self._latest
             if isinstance(latest, dict) and set(latest) == self._known:
                 self._last_refresh = now
-                return None  # nothing changed; lost workers show up on their channel or RPC at once
+                return False  # nothing changed; lost workers show up on their channel or RPC at once
         self._last_refresh, self._look_now = now, False
+        return True
+
+    def _read_live(self, lost: tuple[str, ...]) -> _Seen:
+        """Read the live workers granted to this fit, and forget the training and standby workers
+        that are gone (or ``lost``)."""
         try:
             live = self._granted(cl.live_workers(self.client))
         except LOST as err:
@@ -209,55 +251,71 @@ class Membership:
         standby = [w for w in self.standby if w in live and w not in lost]
         for w in set(self.standby) - set(standby):
             self.transport.forget(w)
+        return _Seen(live=live, lost=lost, survivors=survivors, standby=standby)
+
+    def _choose_joiners(self, seen: _Seen) -> list[str]:
+        """The live workers to set up: neither training, on standby, being set up nor left out, as
+        many as the coming batches want (in use, on standby or being set up), in taking order."""
         pending = self._pending[0] if self._pending else []
         joined = OCCUPANCY.order(
-            w for w in live
-            if w not in self.workers and w not in standby and w not in lost and w not in pending and not self.quarantined(w)
+            w for w in seen.live
+            if w not in self.workers and w not in seen.standby and w not in seen.lost and w not in pending and not self.quarantined(w)
         )
-        if self.limit is not None:  # set up as many as the coming batches want (in use, on standby or being set up)
-            joined = joined[: max(0, max(self.limit, self.ahead) - len(survivors) - len(standby) - len(pending))]
-        self._occupy([*survivors, *joined])  # claimed before their set-up: a concurrent fit's look takes others
-        # While training runs on other workers, joiners are set up in the background and take part
-        # from the first look after their set-up is done (a slow set-up never stalls an update).
-        background = not force and not lost and bool(survivors)
-        ready, failed = [], []
+        if self.limit is not None:
+            joined = joined[: max(0, max(self.limit, self.ahead) - len(seen.survivors) - len(seen.standby) - len(pending))]
+        return joined
+
+    def _finish_pending(self, seen: _Seen, background: bool) -> None:
+        """Take the background set-ups when they are done (or when this look cannot wait for them
+        in the background): ``seen.ready`` and ``seen.failed``."""
         if self._pending and (self._pending[1].done() or not background):
             started, future = self._pending
             self._pending = None
-            ready, failed = self._finish_setup(started, future.result())
-        if joined:
-            calls = self._setup_calls(joined)
+            seen.ready, seen.failed = self._finish_setup(started, future.result())
+
+    def _set_up_joiners(self, seen: _Seen, background: bool) -> None:
+        """Set up ``seen.joined``: in the background (they leave ``seen.joined`` until done), or now
+        (``seen.joined`` keeps those that succeeded); then forget the ready ones gone meanwhile."""
+        if seen.joined:
+            calls = self._setup_calls(seen.joined)
             if background:
-                self._pending = (joined, self.transport.call_all_later(calls))
-                joined = []
+                self._pending = (seen.joined, self.transport.call_all_later(calls))
+                seen.joined = []
             else:
-                ok, bad = self._finish_setup(joined, self.transport.call_all(calls))
-                joined, failed = ok, failed + bad
-        for w in [w for w in ready if w not in live or w in lost]:  # set up, but gone meanwhile
+                ok, bad = self._finish_setup(seen.joined, self.transport.call_all(calls))
+                seen.joined, seen.failed = ok, seen.failed + bad
+        for w in [w for w in seen.ready if not seen.alive(w)]:  # set up, but gone meanwhile
             self.transport.forget(w)
-        # Set up (now or earlier): train on as many as the batch wants, the others wait on standby.
-        cold = set(joined)  # set up while this update waited
-        standby = [*standby, *OCCUPANCY.order({*joined, *(w for w in ready if w in live and w not in lost)})]
-        room = len(standby) if self.limit is None else max(0, self.limit - len(survivors))
+
+    def _train_or_stand_by(self, seen: _Seen) -> list[str]:
+        """Of the workers set up (now or earlier), those that join the training: as many as the
+        batch wants; the others wait on standby (``self.standby``)."""
+        cold = set(seen.joined)  # set up while this update waited
+        standby = [*seen.standby, *OCCUPANCY.order({*seen.joined, *(w for w in seen.ready if seen.alive(w))})]
+        room = len(standby) if self.limit is None else max(0, self.limit - len(seen.survivors))
         joined, self.standby = standby[:room], standby[room:]
-        if joined and survivors:
+        if joined and seen.survivors:
             self._joining(joined, cold)
-        # Look again at the next interval if anyone was left out; else only when the membership changes.
-        self._known = None if lost or failed or self._pending else set(live)
-        names = {str(info.get("name")) for a, info in live.items() if a not in lost}
+        return joined
+
+    def _remember(self, seen: _Seen) -> None:
+        """Remember what this look saw: look again at the next interval if anyone was left out
+        (else only when the membership changes), and the worker names gone since (for ``heal``)."""
+        self._known = None if seen.lost or seen.failed or self._pending else set(seen.live)
+        names = {str(info.get("name")) for a, info in seen.live.items() if a not in seen.lost}
         self._gone_names = (self._gone_names | self._live_names) - names
         self._live_names = names
-        new = survivors + joined
-        if not new:
-            candidates = [w for w in live if w not in lost]
-            if candidates and all(self.quarantined(w) for w in candidates):
-                errors = "; ".join(f"{w}: {self._errors.get(w)!r}" for w in candidates)
-                raise NoWorkersError(
-                    f"No worker could take part in the fit: each failed {SETUP_TRIES} set-ups or hung "
-                    f"past update_timeout={self.policy.update_timeout} s ({errors}). The estimator keeps "
-                    "its last good state; fix the workers (see their logs) and fit again."
-                )
-        return new
+
+    def _refuse_if_all_quarantined(self, seen: _Seen) -> None:
+        """Raise :class:`NoWorkersError` when every live worker is left out of the fit."""
+        candidates = [w for w in seen.live if w not in seen.lost]
+        if candidates and all(self.quarantined(w) for w in candidates):
+            errors = "; ".join(f"{w}: {self._errors.get(w)!r}" for w in candidates)
+            raise NoWorkersError(
+                f"No worker could take part in the fit: each failed {SETUP_TRIES} set-ups or hung "
+                f"past update_timeout={self.policy.update_timeout} s ({errors}). The estimator keeps "
+                "its last good state; fix the workers (see their logs) and fit again."
+            )
 
     def replace(self) -> None:
         """Place the data on the same workers again (the engine cut it into other shards)."""

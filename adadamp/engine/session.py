@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import sys
 import threading
@@ -25,7 +26,7 @@ import weakref
 
 from distributed import Client
 
-from .. import cluster as cl
+from ..cluster import policy as cl
 from ..data import DataSource
 from ..records import TrainingState
 from .backends import Backend, get_backend
@@ -113,40 +114,61 @@ def train(
     closed.  ``criterion``: the workers' criterion, when not the state's (sample weights).
     ``owner``: whose garbage collection closes a kept backend.
     """
-    state = loop.state
-    if epochs <= 0 or client is None or policy.shared:
+    call = _Call(loop, data, epochs, epoch_updates, backend, device, client, policy, criterion)
+    if epochs <= 0 or client is None or policy.shared:  # nothing is kept
         if kept is not None:
-            kept.claim(None)
+            kept.claim(None)  # closes it
         if epochs <= 0:
             data.release()
-            return None
-        first = state.damper.forecast_batch_size(state.loop.epoch)
-        try:
-            with (
-                cl.training_client(client, policy, first) as (on, sized),
-                _open(backend, on, sized, state, data, device, criterion) as opened,
-            ):
-                loop.run(opened, epochs, epoch_updates)
-        finally:
-            data.release()
+        else:
+            _train_once(call)
         return None
-    # (the optimizer's class: an all-reduce backend's replicas hold one of theirs; the data's token
-    # hashes thousands of examples, so only a call that keeps or may resume a backend computes it)
-    resume = kept is not None and not fresh
-    key = (client, policy, device, backend, type(state.optimizer), data.token()) if keep or resume else None
-    opened = kept.claim(key if resume else None) if kept is not None else None
-    if opened is not None:
-        data.release()  # the resumed backend trains on its own copy of the same data
-        opened.resume(module=state.module, optimizer=state.optimizer, damper=state.damper, loop=state.loop)
-        logger.info("resumed the workers and data of the last call")
-    else:
-        try:
-            opened = _open(backend, client, policy, state, data, device, criterion).__enter__()
-        except BaseException:
-            data.release()
-            raise
+    return _train_keeping(call, kept, fresh=fresh, keep=keep, owner=owner)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Call:
+    """What one call of :func:`train` runs, on which backend and cluster."""
+
+    loop: FitLoop
+    data: DataSource
+    epochs: int
+    epoch_updates: list
+    backend: str
+    device: str
+    client: Client | None
+    policy: cl.ClusterPolicy
+    criterion: object = None
+
+    def open(self, client: Client, policy: cl.ClusterPolicy) -> Backend:
+        return _open(self.backend, client, policy, self.loop.state, self.data, self.device, self.criterion)
+
+    def run(self, backend: Backend) -> None:
+        self.loop.run(backend, self.epochs, self.epoch_updates)
+
+
+def _train_once(call: _Call) -> None:
+    """Train on a backend opened for this call and closed after it: on the embedded cluster
+    (started or grown for the first batch) or on a shared one."""
+    state = call.loop.state
+    first = state.damper.forecast_batch_size(state.loop.epoch)
     try:
-        loop.run(opened, epochs, epoch_updates)
+        with (
+            cl.training_client(call.client, call.policy, first) as (on, sized),
+            call.open(on, sized) as opened,
+        ):
+            call.run(opened)
+    finally:
+        call.data.release()
+
+
+def _train_keeping(call: _Call, kept: KeptBackend | None, *, fresh: bool, keep: bool, owner) -> KeptBackend | None:
+    """Train on the user's cluster, on the ``kept`` backend when this call may resume it, else on
+    one opened now; returns it suspended (``keep``) or closes it."""
+    opened, key = _claim(call, kept, fresh=fresh, keep=keep)
+    opened = _resume_or_open(call, opened)
+    try:
+        call.run(opened)
         if keep:
             opened.suspend()
     except BaseException:
@@ -156,6 +178,34 @@ def train(
         return KeptBackend(owner, opened, key)
     _exit(opened, None, None, None)
     return None
+
+
+def _claim(call: _Call, kept: KeptBackend | None, *, fresh: bool, keep: bool) -> tuple[Backend | None, tuple | None]:
+    """The ``kept`` backend if this call may resume it (a warm call with its key; else it is
+    closed), and this call's key (None unless it keeps or may resume a backend)."""
+    # (the optimizer's class: an all-reduce backend's replicas hold one of theirs; the data's token
+    # hashes thousands of examples, so only a call that keeps or may resume a backend computes it)
+    resume = kept is not None and not fresh
+    state = call.loop.state
+    key = (call.client, call.policy, call.device, call.backend, type(state.optimizer), call.data.token()) if keep or resume else None
+    claimed = kept.claim(key if resume else None) if kept is not None else None
+    return claimed, key
+
+
+def _resume_or_open(call: _Call, claimed: Backend | None) -> Backend:
+    """Resume the ``claimed`` backend with this call's state, or (None) open one; the call's data
+    is released unless an opened backend holds it."""
+    if claimed is not None:
+        state = call.loop.state
+        call.data.release()  # the resumed backend trains on its own copy of the same data
+        claimed.resume(module=state.module, optimizer=state.optimizer, damper=state.damper, loop=state.loop)
+        logger.info("resumed the workers and data of the last call")
+        return claimed
+    try:
+        return call.open(call.client, call.policy).__enter__()
+    except BaseException:
+        call.data.release()
+        raise
 
 
 def _open(name: str, client: Client, policy: cl.ClusterPolicy, state: TrainingState, data: DataSource,

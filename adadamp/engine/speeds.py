@@ -1,5 +1,5 @@
 """How fast each worker computes, measured on every update, and what the shares of the next updates
-are made of (issue 33; :doc:`/guide/heterogeneous`).
+are made of (:doc:`/guide/heterogeneous`).
 
 Every gradient reply says how many examples the worker computed and how long it took; both are
 smoothed over updates per worker, and one *elasticity* says how much of a worker's time grows
@@ -195,7 +195,7 @@ class Speeds:
         """How many workers beyond ``own`` would each shorten an update of ``batch`` examples in
         ``n_shards`` shards by :data:`REBALANCE_GAIN` (the workers ``lent`` already first, as
         measured; then workers of the median speed), at most ``room``: what a fit borrows of the
-        workers no fit wants (:func:`~adadamp.allocator.lend`).  0 until ``own`` are measured.
+        workers no fit wants (:func:`~adadamp.cluster.division.lend`).  0 until ``own`` are measured.
 
         >>> s = Speeds()
         >>> for _ in range(3): s.observe("a", 64, 0.064)  # time all per example: a second worker halves it

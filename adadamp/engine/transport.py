@@ -1,7 +1,8 @@
 """How requests reach the workers and replies come back: one gradient round, RPC fan-out.
 
-``round(requests)`` sends each worker its share of an update (a :class:`ShareRequest`) and
-returns the replies in request order.  Behind it: the fit's own TCP channel
+``round(requests)`` sends each worker its share of an update (a :class:`ShareRequest`, carried
+with the round's weights in a :class:`~adadamp.records.GradientRequest`) and returns the replies
+in request order.  Behind it: the fit's own TCP channel
 (:mod:`adadamp.wire.channel`) for ``tcp://`` workers, with the weights read from shared memory
 (:mod:`adadamp.wire.shm`) by workers on the client's host, else a Dask RPC.  The set-up, data and release calls are Dask RPCs too, sent concurrently by
 :meth:`Transport.call_all`.  Lost workers come back as exceptions, never raised here.
@@ -21,12 +22,12 @@ import dask
 import numpy as np
 from distributed import Client
 from distributed.comm.core import CommClosedError
-from distributed.protocol import to_serialize
 
 from ..exceptions import CollectiveError
-from ..records import ChannelOffer, GradientReply, ShareRequest
+from ..records import ChannelOffer, GradientReply, GradientRequest, ShareRequest
 from ..wire.channel import Channel, WorkerError, channel_host
 from ..wire.lost import LOST
+from ..wire.rpc import rpc_call
 from ..wire.shm import SharedBuffers
 from .speeds import lost_after
 
@@ -158,39 +159,28 @@ class Transport:
         rpc_calls, rpc_slots, to_send = [], [], []
         for i, r in enumerate(requests):
             payload = None if weights is None or self.maps_weights(r.worker) else weights
+            request = GradientRequest(r, n_chunks, payload, buffers, self.fit_id)
             channel = self.channels.get(r.worker)
             if channel is None:
-                kwargs = {
-                    "fit_id": self.fit_id, "indices": to_serialize(r.indices), "n_chunks": n_chunks, "seed": r.seed,
-                    "epoch": r.epoch, "ahead": None if r.ahead is None else to_serialize(r.ahead),
-                    "step": None if r.step is None else to_serialize(r.step), "in_reply": r.in_reply,
-                    "buffers": None if buffers is None else to_serialize(buffers),
-                    "plan": None if r.plan is None else to_serialize(r.plan),
-                    "parts": None if r.parts is None else to_serialize(r.parts),
-                }
-                kwargs["weights"] = None if payload is None else to_serialize(payload)
-                rpc_sent += sum(
-                    a.nbytes for a in (r.indices, r.ahead, r.step, r.plan, r.parts, payload, buffers) if a is not None
-                )
-                rpc_calls.append((r.worker, "adadamp_gradient", kwargs))
+                rpc_sent += request.nbytes()
+                rpc_calls.append(rpc_call(r.worker, "adadamp_gradient", request))
                 rpc_slots.append(i)
                 continue
-            to_send.append((i, r, channel, payload))
+            to_send.append((i, channel, request))
         failed: dict[int, OSError] = {}
 
         def send() -> float:
             start = time.perf_counter()
-            for i, r, channel, payload in to_send:
+            for i, channel, request in to_send:
                 try:
-                    channel.send(r.indices, n_chunks, r.seed, payload, r.epoch, r.ahead, r.step, r.in_reply, buffers,
-                                 r.plan, r.parts)
+                    channel.send(request)
                 except OSError as err:
                     failed[i] = err
                     with contextlib.suppress(OSError):  # its reply is then read as lost at once
                         channel.sock.shutdown(socket.SHUT_RDWR)
             return time.perf_counter() - start
 
-        weights_out = sum(p.nbytes for *_, p in to_send if p is not None)
+        weights_out = sum(q.weights.nbytes for *_, q in to_send if q.weights is not None)
         sending = self._sender().submit(send) if weights_out >= SEND_AHEAD_BYTES and len(to_send) > 1 else None
         send_time = send() if sending is None else 0.0
         for i, r in zip(rpc_slots, self.call_all(rpc_calls)):

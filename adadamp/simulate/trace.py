@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..cluster import ClusterPolicy
+from ..cluster.policy import ClusterPolicy
 from ..dampers import GeoDamp, simulate_schedule
 from .network import _as_counts
 from .timing import _n_rescales

@@ -49,8 +49,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..exceptions import CollectiveError, ShareTooSmallError
-from ..records import GradientReply
+from ..exceptions import ChannelAuthError, CollectiveError, ShareTooSmallError, WorkerError
+from ..records import GradientReply, GradientRequest, ShareRequest
 
 # Request: number of indices (-1 closes), chunks, seed, number of weights sent (0: shared memory),
 # the data epoch of the indices, number of examples to load ahead (keys: epoch * n + index),
@@ -87,10 +87,6 @@ MAX_PENDING = 64  # handshakes under way at once; a new connection beyond them r
 IDLE_TIMEOUT = 3600.0  # a channel with no request for this long is closed (its fit dropped)
 MAX_ERROR_BYTES = 65536
 MAX_CHUNKS = 1 << 16
-
-
-class ChannelAuthError(PermissionError):
-    """The peer did not prove that it holds the fit's key."""
 
 
 def _mac(key: bytes, role: bytes, *nonces: bytes) -> bytes:
@@ -169,8 +165,8 @@ def _give_up(selector: selectors.BaseSelector, pending: dict, conn: socket.socke
 class ChannelServer:
     """Serves one fit's gradient requests on a worker, in a thread of its own.
 
-    ``compute(weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, plan)`` returns the reply fields as
-    a dict with numpy arrays; it runs in this thread, so the worker's event
+    ``compute(request)`` answers a :class:`~adadamp.records.GradientRequest` with a
+    :class:`~adadamp.records.GradientReply`; it runs in this thread, so the worker's event
     loop (heartbeats, Dask RPCs) keeps running while a gradient is computed.
     ``after_reply()`` runs in this thread after each reply went out (an
     all-reduce member's step, while the client reads the round's replies).
@@ -185,7 +181,7 @@ class ChannelServer:
     def __init__(
         self,
         host: str,
-        compute: Callable[..., dict],
+        compute: Callable[[GradientRequest], GradientReply],
         n_weights: int,
         on_start: Callable[[], None],
         n_buffers: int = 0,
@@ -371,8 +367,8 @@ class ChannelServer:
         if n_weights:
             recv_exactly(conn, _as_bytes(self._weights))
             weights = self._weights
-        return self._answer(conn, weights, indices, n_chunks, seed, epoch, ahead, step, bool(in_reply), buffers, plan,
-                            parts)
+        share = ShareRequest("", seed, indices, epoch, ahead, step, in_reply=bool(in_reply), plan=plan, parts=parts)
+        return self._answer(conn, GradientRequest(share, n_chunks, weights, buffers))
 
     def _serve_update(self, conn: socket.socket) -> bool:
         """An all-reduce request packed by :func:`pack_update`: computed as the step and plan vectors it stands for."""
@@ -396,13 +392,13 @@ class ChannelServer:
         recv_exactly(conn, _as_bytes(layout))
         step = np.concatenate([np.array([generation, update, step_of], dtype=np.float64), floats])
         plan = np.concatenate([np.array([start, start + length, ahead_size], dtype=np.int64), layout.astype(np.int64)])
-        return self._answer(conn, None, np.zeros(0, dtype=np.int64), n_chunks, 0, epoch, np.zeros(0, dtype=np.int64),
-                            step, False, None, plan, None)
+        none = np.zeros(0, dtype=np.int64)
+        return self._answer(conn, GradientRequest(ShareRequest("", 0, none, epoch, none, step, plan=plan), n_chunks))
 
-    def _answer(self, conn: socket.socket, *request) -> bool:
+    def _answer(self, conn: socket.socket, request: GradientRequest) -> bool:
         """Compute a request and send the reply (or the error)."""
         try:
-            r = self._compute(*request)
+            r = self._compute(request)
         except Exception as err:  # noqa: BLE001 -- any error is the client's to raise
             message = f"{type(err).__name__}: {err}".encode(errors="replace")[:MAX_ERROR_BYTES]
             conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0, 0.0, 0) + message)
@@ -466,10 +462,6 @@ def pack_update(n_chunks: int, epoch: int, step: np.ndarray, plan: np.ndarray) -
     return struct.pack("<q", UPDATE_TAG) + header + floats.tobytes() + layout.tobytes()
 
 
-class WorkerError(RuntimeError):
-    """A gradient computation raised on the worker (not a lost worker)."""
-
-
 #: Errors a worker raises that reach the client with their own type (they name a user's fix).
 _RAISED_AS = {cls.__name__: cls for cls in (ShareTooSmallError, CollectiveError)}
 
@@ -500,44 +492,29 @@ class Channel:
         self.sent = self.received = 0  # bytes of the requests and replies so far
         self._grad = np.empty(n_weights, dtype=np.float32)
 
-    def send(
-        self,
-        indices: np.ndarray,
-        n_chunks: int,
-        seed: int,
-        weights: np.ndarray | None,
-        epoch: int = 0,
-        ahead: np.ndarray | None = None,
-        step: np.ndarray | None = None,
-        in_reply: bool = False,
-        buffers: np.ndarray | None = None,
-        plan: np.ndarray | None = None,
-        parts: np.ndarray | None = None,
-    ) -> None:
-        """Ask for the gradient over ``indices`` (send ``weights`` unless the worker maps them);
-        ``ahead``: the examples the worker may start loading for the next request; ``step``: an
-        all-reduce fit's update number and the step it applies first (float64); ``in_reply``:
-        the gradient comes in the reply even if the worker maps shared memory; ``buffers``: the
-        running statistics (float32) the share starts from; ``plan``: an all-reduce member's
-        batch plan (int64, :class:`~adadamp.wire.batches.BatchPlan`), its indices then empty;
-        ``parts``: a request of several shards, (dropout seed, example count) per shard (int64)."""
+    def send(self, request: GradientRequest) -> None:
+        """Ask for the gradient of ``request``'s share (:class:`~adadamp.records.GradientRequest`:
+        its weights are sent unless the worker maps them); an all-reduce member's request, its step
+        and batch plan with no indices, weights or statistics, goes packed (:func:`pack_update`)."""
+        r = request.share
         packed = None
-        if plan is not None and step is not None and not (len(indices) or weights is not None or buffers is not None
-                                                           or seed or in_reply or parts is not None
-                                                           or (ahead is not None and len(ahead))):
-            packed = pack_update(n_chunks, epoch, step, plan)
+        if r.plan is not None and r.step is not None and not (
+                len(r.indices) or request.weights is not None or request.buffers is not None or r.seed or r.in_reply
+                or r.parts is not None or (r.ahead is not None and len(r.ahead))):
+            packed = pack_update(request.n_chunks, r.epoch, r.step, r.plan)
         if packed is not None:  # an all-reduce request: the numbers only
             send_all(self.sock, [packed])
             self.sent += len(packed)
             return
-        ahead = np.zeros(0, dtype=np.int64) if ahead is None else ahead
-        both = np.concatenate([np.asarray(indices, dtype=np.int64), np.asarray(ahead, dtype=np.int64)])
-        step = np.zeros(0) if step is None else np.asarray(step, dtype=np.float64)
-        plan = np.zeros(0, dtype=np.int64) if plan is None else np.ascontiguousarray(plan, dtype=np.int64)
-        parts = np.zeros(0, dtype=np.int64) if parts is None else np.ascontiguousarray(parts, dtype=np.int64).ravel()
+        weights, buffers = request.weights, request.buffers
+        ahead = np.zeros(0, dtype=np.int64) if r.ahead is None else r.ahead
+        both = np.concatenate([np.asarray(r.indices, dtype=np.int64), np.asarray(ahead, dtype=np.int64)])
+        step = np.zeros(0) if r.step is None else np.asarray(r.step, dtype=np.float64)
+        plan = np.zeros(0, dtype=np.int64) if r.plan is None else np.ascontiguousarray(r.plan, dtype=np.int64)
+        parts = np.zeros(0, dtype=np.int64) if r.parts is None else np.ascontiguousarray(r.parts, dtype=np.int64).ravel()
         header = REQUEST.pack(
-            len(indices), n_chunks, seed, 0 if weights is None else weights.size, epoch, len(ahead), len(step),
-            int(in_reply), 0 if buffers is None else buffers.size, plan.size, parts.size,
+            len(r.indices), request.n_chunks, r.seed, 0 if weights is None else weights.size, r.epoch, len(ahead),
+            len(step), int(r.in_reply), 0 if buffers is None else buffers.size, plan.size, parts.size,
         )
         chunks = [header, _as_bytes(both)] + [_as_bytes(a) for a in (step, plan, parts) if a.size]
         chunks += [] if buffers is None else [_as_bytes(np.ascontiguousarray(buffers, dtype=np.float32))]

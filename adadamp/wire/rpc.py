@@ -7,6 +7,9 @@ engine's ``Transport.call_all`` sends.
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 from distributed.protocol import to_serialize
 
 from ..records import to_message
@@ -16,8 +19,9 @@ __all__ = ["rpc_call"]
 
 def rpc_call(worker: str, op: str, record, serialized: tuple[str, ...] = ()) -> tuple[str, str, dict]:
     """The RPC ``op`` on ``worker`` with ``record`` (:func:`~adadamp.records.to_message`) as its
-    arguments; the fields named in ``serialized`` (arrays, lists of records: msgpack takes neither)
-    go through Dask's serialization, those that are None stay None.
+    arguments.  Its arrays, those of the records in its fields included, go through Dask's
+    serialization (msgpack takes none), as do the fields named in ``serialized`` (lists of
+    records, sent pickled); fields that are None stay None.
 
     Examples
     --------
@@ -26,8 +30,19 @@ def rpc_call(worker: str, op: str, record, serialized: tuple[str, ...] = ()) -> 
     ('tcp://10.0.0.2:4000', 'adadamp_release', {'fit_id': 'fit-1'})
     """
     message = to_message(record)
+    _serialize_arrays(record, message)
     for key in serialized:
         value = getattr(record, key)
         if value is not None:
             message[key] = to_serialize(value)
     return worker, op, message
+
+
+def _serialize_arrays(record, message: dict) -> None:
+    """Wrap ``record``'s arrays in ``message`` (its :func:`to_message`), and those of its records."""
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if isinstance(value, np.ndarray):
+            message[f.name] = to_serialize(value)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _serialize_arrays(value, message[f.name])

@@ -3,10 +3,9 @@ the workers).
 
 As PyTorch's DDP does: a bucket is a contiguous range of the flat gradient, launched as soon as the
 backward pass has filled it, in the same order on every rank; each bucket is divided by the batch's
-size as it arrives.  Its own module because it is what one update's communication overlaps with
-compute, and nothing of the group's formation or recovery: the replica
-(:mod:`adadamp.worker.replica`) arms it on the group of the update and disarms it when the
-update fails.
+size as it arrives.  It holds only how one update's communication overlaps with compute, none of
+the group's formation or recovery: the replica (:mod:`adadamp.worker.replica`) arms it on the
+group of the update and disarms it when the update fails.
 """
 
 from __future__ import annotations

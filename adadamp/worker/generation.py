@@ -14,8 +14,8 @@ workers (:mod:`adadamp.worker.groups`) is taken over after a handshake instead.
 Every collective of the group is waited for here (:meth:`GroupMember._wait`): a member whose
 collective fails says so in the rendezvous (``abort``), and the others give up their own at once
 instead of at the collective timeout; the group is then dropped, kept aside (its threads may still
-wait on a peer).  Its own module because this is the group's life, apart from what a replica does
-with it each update (:mod:`adadamp.worker.replica`).
+wait on a peer).  What a replica does with the group each update is
+:mod:`adadamp.worker.replica`.
 """
 
 from __future__ import annotations

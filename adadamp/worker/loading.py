@@ -27,16 +27,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from ..exceptions import DatasetError
 from ..wire.seeding import seeded
 
 __all__ = ["DatasetError", "ExampleLoader", "example_seed", "read_examples"]
 
 #: Examples loaded ahead and not yet asked for, kept per worker at most (older ones are dropped).
 MAX_PENDING = 1 << 16
-
-
-class DatasetError(RuntimeError):
-    """``dataset[i]`` raised on a worker; the message names the example and the worker."""
 
 
 def example_seed(seed: int, epoch: int, index: int) -> int:

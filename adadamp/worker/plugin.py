@@ -41,6 +41,7 @@ from ..records import (
     ChannelOffer,
     CommitRequest,
     GradientReply,
+    GradientRequest,
     GroupRequest,
     ReleaseReply,
     ReleaseRequest,
@@ -253,7 +254,7 @@ class Trainer:
         if setup.channel and self.host is not None:
             state.channel = ChannelServer(
                 self.host,
-                lambda *request: compute(state, *request),
+                functools.partial(compute, state),
                 n_weights=state.flat.numel(),
                 n_buffers=sum(b.numel() for b in state.buffers),
                 on_start=_compute_thread_start,
@@ -316,15 +317,14 @@ class Trainer:
         return to_message(BlocksReply(await self._run(update)))
 
     # ------------------------------------------------------------------ updates
-    async def adadamp_gradient(
-        self, fit_id: str, weights, indices, n_chunks: int, seed: int, epoch: int = 0, ahead=None, step=None,
-        in_reply=False, buffers=None, plan=None, parts=None,
-    ) -> dict:
-        """The gradient as a Dask RPC (workers without a channel)."""
-        state = self.fits[fit_id]
+    async def adadamp_gradient(self, **message) -> dict:
+        """The gradient as a Dask RPC (workers without a channel; ``message``: a
+        :class:`~adadamp.records.GradientRequest`; the reply is a :class:`~adadamp.records.GradientReply`)."""
+        request = GradientRequest(**message)
+        state = self.fits[request.fit_id]
 
         def run():
-            r = compute(state, weights, indices, n_chunks, seed, epoch, ahead, step, in_reply, buffers, plan, parts)
+            r = compute(state, request)
             state.inline = r.compute_time < INLINE_SECONDS and state.replica is None  # collectives block
             reply = to_message(r)
             for key in ("grad", "buffers"):
@@ -405,17 +405,17 @@ def stream_block(fit_id: str, block: int, start: int, graph: bytes) -> int:
     return load_block(fit_id, block, start, X, y)
 
 
-def compute(
-    state: FitState, weights, indices, n_chunks, seed, epoch=0, ahead=None, step=None, in_reply=False, buffers=None,
-    plan=None, parts=None,
-) -> GradientReply:
-    """One request: an all-reduce replica's update (``plan``: its :class:`~adadamp.wire.batches.BatchPlan`
-    as a vector, the layout left out when it did not change), else the share's gradient sum (``in_reply``: sent back in the reply even where
-    it would go to shared memory; ``buffers``: the running statistics the share starts from;
-    ``parts``: the shards of a request that has several, see :func:`share_gradient`)."""
-    ahead = np.zeros(0, dtype=np.int64) if ahead is None else np.asarray(ahead)
+def compute(state: FitState, request: GradientRequest) -> GradientReply:
+    """One request: an all-reduce replica's update (the share's ``plan``: its
+    :class:`~adadamp.wire.batches.BatchPlan` as a vector, the layout left out when it did not
+    change), else the share's gradient sum (:func:`share_gradient`: ``in_reply`` sends it back in
+    the reply even where it would go to shared memory; ``buffers``, the running statistics the
+    share starts from; ``parts``, the shards of a request that has several)."""
+    r = request.share
+    ahead = np.zeros(0, dtype=np.int64) if r.ahead is None else np.asarray(r.ahead)
     if state.replica is not None:
-        return state.replica.update(np.asarray(plan), n_chunks, epoch, np.asarray(step))
-    buffers = None if buffers is None else np.asarray(buffers)
-    parts = None if parts is None else np.asarray(parts)
-    return share_gradient(state, weights, np.asarray(indices), n_chunks, seed, epoch, ahead, in_reply, buffers, parts)
+        return state.replica.update(np.asarray(r.plan), request.n_chunks, r.epoch, np.asarray(r.step))
+    buffers = None if request.buffers is None else np.asarray(request.buffers)
+    parts = None if r.parts is None else np.asarray(r.parts)
+    return share_gradient(state, request.weights, np.asarray(r.indices), request.n_chunks, r.seed, r.epoch, ahead,
+                          r.in_reply, buffers, parts)

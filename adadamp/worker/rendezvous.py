@@ -3,9 +3,8 @@
 An all-reduce group is formed per membership *generation* with its own rendezvous keys (the
 pattern of torchft's Manager).  This module is where those keys live and how they are waited for:
 the ``torch.distributed`` store the members (and gloo, while it forms the group) read and write,
-and the ``abort`` key by which a generation is given up.  Its own module because the store is the
-only part of a group that talks to the scheduler; forming the group on it is
-:mod:`adadamp.worker.generation`.
+and the ``abort`` key by which a generation is given up.  The store is the only part of a group
+that talks to the scheduler; forming the group on it is :mod:`adadamp.worker.generation`.
 """
 
 from __future__ import annotations

@@ -153,20 +153,8 @@ class Replica(GroupMember):
         with state.lock:
             state.last_used = time.monotonic()
             start = time.perf_counter()
-            sent_layout = len(plan) > BATCH_VALUES
-            plan = BatchPlan.from_array(plan, self._layout)
-            if sent_layout:  # kept first: the client sends it again after any failed request
-                self._layout = plan.layout()
-            step = StepVector.decode(step)
-            generation, update = step.generation, step.update
-            if self.group is None or generation != self.generation:
-                raise CollectiveError(f"rank {self.rank} is not in generation {generation} (at {self.generation})")
-            self._keep = 0.0  # an update in flight: the group is no longer known to be in step
-            self.take_announced()
-            announced = step.step_of == update  # this update's own step, to take after the reply
-            self.take_step(None if announced else step)
-            if self.applied != update:
-                raise RuntimeError(f"replica at update {self.applied} asked for update {update}")
+            plan, step, announced = self._begin_update(plan, step)
+            update = step.update
             indices, parts, ahead = self._examples_of(plan, epoch, update)
             X, y = examples(state, indices, epoch, ahead)
             overlap = self.size > 1  # the buckets read the chunk statistics before they launch
@@ -181,25 +169,11 @@ class Replica(GroupMember):
             # alike: each bucket is divided (and its norm taken) as it arrives, off the critical path
             batch_n = plan.stop - plan.start
             mean = _MeanOfBuckets(state.grads, batch_n) if overlap and weights_are_counts(state.criterion) else None
-            failure = None
-            try:
-                totals, running = self._reduce(overlap, sums, running, mean)
-            except RuntimeError as err:  # a peer died, hung past the timeout, or left the group
-                failure = str(err)  # (not kept: the error's frames hold this group's work)
-            if failure is not None:
-                self._fail(before)
-                raise CollectiveError(f"update {update}, rank {self.rank} of generation {generation}: {failure}")
+            totals, running = self._all_reduce(step, overlap, sums, running, mean, before)
             n_total, weight_total, loss_total, sq_total, chunks_total = totals.cpu().tolist()
             if state.buffers:
                 set_buffers(state.buffers, running / max(n_total, 1.0))
-            if mean is not None and weight_total == batch_n:
-                sq_norm = mean.sq_norm
-            else:  # weighted examples (or members that did not find the batch: the client says so)
-                if mean is not None:
-                    state.grads.mul_(batch_n)  # the buckets' division undone
-                with np.errstate(invalid="ignore", over="ignore"):
-                    state.grads.mul_(1.0 / weight_total if weight_total else 0.0)
-                sq_norm = squared_norm(state.grads)
+            sq_norm = self._mean_gradient(mean, batch_n, weight_total)
             self.pending = update
             if announced and finite_update(loss_total, weight_total, sq_norm):  # as the client decides
                 self.announced = step
@@ -215,6 +189,51 @@ class Replica(GroupMember):
                 grad_sq_norm=sq_norm if math.isfinite(sq_norm) else math.inf,
                 digest=examples_digest(indices),  # this member's examples (the client adds them up)
             )
+
+    def _begin_update(self, plan: np.ndarray, step: np.ndarray) -> tuple[BatchPlan, StepVector, bool]:
+        """Decode the request's ``plan`` and ``step``, check that this replica is in the request's
+        generation, and take the steps owed before the update; returns the plan, the step and
+        whether the step is the update's own (announced: taken after the reply)."""
+        sent_layout = len(plan) > BATCH_VALUES
+        plan = BatchPlan.from_array(plan, self._layout)
+        if sent_layout:  # kept first: the client sends it again after any failed request
+            self._layout = plan.layout()
+        step = StepVector.decode(step)
+        generation, update = step.generation, step.update
+        if self.group is None or generation != self.generation:
+            raise CollectiveError(f"rank {self.rank} is not in generation {generation} (at {self.generation})")
+        self._keep = 0.0  # an update in flight: the group is no longer known to be in step
+        self.take_announced()
+        announced = step.step_of == update  # this update's own step, to take after the reply
+        self.take_step(None if announced else step)
+        if self.applied != update:
+            raise RuntimeError(f"replica at update {self.applied} asked for update {update}")
+        return plan, step, announced
+
+    def _all_reduce(self, step: StepVector, overlap: bool, sums: list[float], running: torch.Tensor | None,
+                    mean: _MeanOfBuckets | None, before: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`_reduce`, or, when the collective fails, put back the running statistics
+        (``before``), drop the group's work and raise :class:`CollectiveError`."""
+        failure = None
+        try:
+            return self._reduce(overlap, sums, running, mean)
+        except RuntimeError as err:  # a peer died, hung past the timeout, or left the group
+            failure = str(err)  # (not kept: the error's frames hold this group's work)
+        self._fail(before)
+        raise CollectiveError(f"update {step.update}, rank {self.rank} of generation {step.generation}: {failure}")
+
+    def _mean_gradient(self, mean: _MeanOfBuckets | None, batch_n: int, weight_total: float) -> float:
+        """Make ``state.grads`` the batch's mean gradient (the buckets divided it already when
+        every example weighs the same); returns its squared norm."""
+        grads = self.state.grads
+        if mean is not None and weight_total == batch_n:
+            return mean.sq_norm
+        # weighted examples (or members that did not find the batch: the client says so)
+        if mean is not None:
+            grads.mul_(batch_n)  # the buckets' division undone
+        with np.errstate(invalid="ignore", over="ignore"):
+            grads.mul_(1.0 / weight_total if weight_total else 0.0)
+        return squared_norm(grads)
 
     def _examples_of(self, plan: BatchPlan, epoch: int, update: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The plan's examples of this member's shards (in shard order), one ``(dropout seed, count)``

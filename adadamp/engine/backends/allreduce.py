@@ -1,46 +1,9 @@
 """The all-reduce backend: replicas of the module and optimizer on the workers step in lockstep.
 
-Each update (the parameter server's steps 1-2 are the same: the damper names the batch size,
-the sampler draws the indices from the same seeded permutation, placement routes them):
-
-3. every member gets one small request (under a hundred bytes: :func:`~adadamp.wire.channel.pack_update`):
-   the update number, the batch's place in the epoch's permutation (the member finds its examples
-   in the shards it holds, and their dropout seeds; the batch is cut into the fit's fixed shards,
-   as on the parameter server; the shards themselves are sent again only when the data is placed
-   again), and the step it still owes (the learning rate and momentum per param group and the
-   momentum-buffer scale of the last update's plan, :mod:`adadamp.worker.replica`);
-4. the members take that step, compute their shards' gradient sums (one forward and backward
-   pass per shard, so dropout masks and BatchNorm statistics do not depend on how many workers
-   share the batch), all-reduce them (in buckets during the last backward pass) with the example
-   counts, the loss and the damper's statistics, and keep the batch's mean gradient pending;
-   each replies with a few scalars (96 bytes);
-5. the client's damper plans the step from those statistics; the next request carries it.
-
-The client holds no weights during an epoch: its module is brought up to date (the pending step
-taken, rank 0's state fetched) at the end of every epoch, for a checkpoint, and when the fit
-ends.  That state is also the *commit* a group falls back to when no replica is left.
-
-Membership (Holt & Sievert 2021, "Future work", name the decentralized version as the next step;
-the group pattern is torchft's, :doc:`/guide/backends`): when the workers change, the next update first forms a new
-group (a new generation, with its own rendezvous keys in the scheduler, reached over Dask's
-comm: :class:`~adadamp.worker.rendezvous.SchedulerStore`), whose rank 0 is a replica of the last
-generation and broadcasts its state to the joiners.  A worker lost inside a collective makes the
-others' collective fail (at once when it died, after the collective timeout when it hangs); the
-update is then recomputed by the next generation from the committed step count: no step is
-taken twice and no example is lost.  A worker lost while a group forms: the client marks the
-generation aborted in its rendezvous keys, and the others stop waiting for it within
-``ABORT_POLL``.  When no replica is left, the epoch continues from the client's copy (its start,
-or the last mid-epoch sync); callbacks are not told again of the updates recomputed.
-
-Consecutive fits on the same workers (a grid search): a fit that ends cleanly leaves its group on
-its workers (:mod:`adadamp.worker.groups`); the next fit whose members all offer that group at
-their set-up, formed by the same workers in the same rank order, takes it over instead of forming
-one (``adadamp.allreduce.keep-group`` seconds; 0: neither kept nor taken over).  A fit's first
-group sends no state when every member was set up from the state the fit is at.
-
-Gloo (and NCCL) neither authenticate nor encrypt their traffic, and this torch has no TLS
-transport for gloo: on a cluster whose comm is encrypted the backend refuses to start unless the
-user accepts plaintext collectives (:func:`~adadamp.engine.backends.plaintext.check_plaintext`).
+The client sends each member under a hundred bytes per update and reads back a few scalars, so
+the model never crosses the client's link (the faster way across machines and on GPUs).  How an
+update, a change of group and a group kept between fits work: :doc:`/guide/backends`, "Inside the
+all-reduce backend".
 """
 
 from __future__ import annotations
@@ -152,7 +115,7 @@ class AllReduce(Backend):
         self._group: list[str] | None = None  # the workers of the current generation (rank order: self.workers)
         self._current: set[str] = set()  # workers whose replica holds the fit's latest state
         self._step_owed: tuple[int, float, list[float]] | None = None  # the step the replicas owe
-        self._announced: tuple[int, float, list[float]] | None = None  # the running update's own step (_announce_step)
+        self._announced: tuple[int, float, list[float]] | None = None  # the running update's own step (announce_step)
         self._set_up_at: dict[str, int] = {}  # the update count of the payload each worker was set up from
         self._epoch_updates: list | None = None  # the running epoch's update records (run_epoch's list)
         self._rounds: collections.deque = collections.deque(maxlen=16)  # (seconds, examples) of the last rounds
@@ -175,20 +138,20 @@ class AllReduce(Backend):
         with contextlib.suppress(Exception):  # the scheduler may be gone
             self.client.sync(self.client.scheduler.set_metadata, keys=[self.fit_id], value={}, callback_timeout=5.0)
 
-    def _module_payload(self) -> bytes:
+    def module_payload(self) -> bytes:
         # one pickle: the optimizer's state keeps pointing at the module's parameters; of a copy whose
         # tensors own their data (the module's are views into the flat buffers: compact_copy)
         module, optimizer = compact_copy(self.module, self.optimizer)
         return cloudpickle.dumps((module, self.criterion, self.device, optimizer))
 
-    def _bind(self) -> None:
+    def bind(self) -> None:
         """The client's module keeps its own flat buffers (it is only written at a sync)."""
         self.flat, self.grads = flatten_parameters(self.module)
         self._buffers = float_buffers(self.module)
         self._bound = True
 
-    def _setup_request(self, worker: str) -> SetupRequest:
-        request = super()._setup_request(worker)
+    def setup_request(self, worker: str) -> SetupRequest:
+        request = super().setup_request(worker)
         request.replica = ReplicaSettings(
             timeout=collective_timeout(self.policy.update_timeout),
             bucket_mb=float(dask.config.get("adadamp.allreduce.bucket-mb", 25.0)),
@@ -199,8 +162,8 @@ class AllReduce(Backend):
         self._layouts.pop(worker, None)  # a fresh replica has heard no batch layout
         return request
 
-    def _setup_reply(self, worker: str, reply: SetupReply) -> None:
-        super()._setup_reply(worker, reply)
+    def setup_reply(self, worker: str, reply: SetupReply) -> None:
+        super().setup_reply(worker, reply)
         self._kept[worker] = reply.kept
 
     # ------------------------------------------------------------------ the group
@@ -364,7 +327,7 @@ class AllReduce(Backend):
     def _set_commit(self, n_records: int) -> None:
         self._commit = Commit(copy.copy(self.loop), copy.deepcopy(self.damper), n_records)
         if self._payload_at != self.loop.n_updates:  # joiners start from this state
-            self._payload, self._payload_at = self._module_payload(), self.loop.n_updates
+            self._payload, self._payload_at = self.module_payload(), self.loop.n_updates
 
     def _roll_back(self) -> None:
         logger.warning("no replica left after %d updates; continuing from the client's copy (update %d)",
@@ -406,7 +369,7 @@ class AllReduce(Backend):
             raise NoWorkersError("every replica was lost before the client's copy could be brought up to date")
 
     # ------------------------------------------------------------------ training
-    def _gradient_round(self, batch: Batch) -> Totals:
+    def gradient_round(self, batch: Batch) -> Totals:
         """The batch's mean gradient, all-reduced and kept pending on the replicas, in one update's
         round (steps 3-4 of the module docstring: each request names the batch, a
         :class:`~adadamp.wire.batches.BatchPlan`); returns its totals, with the squared norm of its
@@ -515,16 +478,16 @@ class AllReduce(Backend):
             self.client.sync(self.client.scheduler.set_metadata, keys=[self.fit_id, str(self.generation), ABORT],
                              value=b"1", callback_timeout=5.0)
 
-    def _finite(self, loss: float, total: Totals) -> bool:
+    def finite(self, loss: float, total: Totals) -> bool:
         return finite_update(total.loss_sum, total.weight, total.grad_sq_norm)  # as the members decide
 
-    def _keep_last_finite(self) -> None:
+    def keep_last_finite(self) -> None:
         self.sync(take_step=False)  # the replicas hold the last finite weights
 
-    def _grad_sq_norm(self, total: Totals) -> float:
+    def grad_sq_norm(self, total: Totals) -> float:
         return total.grad_sq_norm * (total.weight / total.n) ** 2  # per example: the mean of the workers' sums
 
-    def _step(self, plan) -> float:
+    def step(self, plan) -> float:
         """Hand the step to the replicas: they take it with the next request."""
         lr, self._step_owed = self._handed_on(plan)
         return lr
@@ -534,7 +497,7 @@ class AllReduce(Backend):
         lr = apply_plan(self.optimizer, plan, scale_buffers=False)
         return lr, (self.loop.n_updates, float(plan.momentum_buffer_scale), group_settings(self.optimizer))
 
-    def _announce_step(self, batch: Batch) -> tuple | None:
+    def announce_step(self, batch: Batch) -> tuple | None:
         """Plan the update's step before its round, when no step is owed: the requests carry it and
         each member takes it right after its reply, while the client reads the replies and sends the
         next requests (:meth:`~adadamp.worker.replica.Replica.after_reply`): off the critical path."""

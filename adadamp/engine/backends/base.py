@@ -8,9 +8,9 @@ Both backends (:mod:`.parameter_server`, :mod:`.allreduce`) share here: the work
 (:mod:`~adadamp.data.placement`), each update's batch (the damper names its size, the sampler
 draws its examples), the steps of an update and its record, and the epoch loop
 (:func:`adadamp.dampers.epoch.run_epoch`).  Each backend supplies how an update's gradient is
-computed and where the step is taken (the abstract methods).  The update loop and the hooks it
-calls are one contract, so they are one module; how many workers and shards the coming batches
-want, and where the data blocks go, is decided between updates (:mod:`.sizing`, a base of
+computed and where the step is taken (the hooks :class:`Backend` lists).  The update loop and the
+hooks it calls are one contract, so they are one module; how many workers and shards the coming
+batches want, and where the data blocks go, is decided between updates (:mod:`.sizing`, a base of
 :class:`Backend`).
 """
 
@@ -34,8 +34,9 @@ import numpy as np
 import torch
 from distributed import Client
 
-from ... import allocator, embedded
-from ... import cluster as cl
+from ...cluster import embedded
+from ...cluster import policy as cl
+from ...cluster.adaptive import adapt, ensure_allocator
 from ...dampers import BaseDamper, GradStats, TrainState
 from ...dampers.clock import LoopState, Sampler
 from ...dampers.epoch import run_epoch
@@ -110,6 +111,24 @@ class Backend(Sizing, abc.ABC):
         Where the workers compute.
     n_blocks : int, default=256
         The data blocks the examples are cut into for placement.
+
+    Notes
+    -----
+    A new way of training subclasses this class and is registered under a name
+    (:func:`~adadamp.engine.backends.registry.register_backend`); the base acquires the workers,
+    places the data, draws each batch and runs the update loop, and calls these hooks:
+
+    - :meth:`module_payload` and :meth:`bind` (required) when the backend is entered (and
+      ``bind`` again on :meth:`resume`);
+    - :meth:`setup_request` and :meth:`setup_reply` for each worker set up (optional: extend
+      them with ``super()``);
+    - each update, in order: :meth:`announce_step` (optional), :meth:`gradient_round`,
+      :meth:`finite` (then :meth:`keep_last_finite` when it is not), :meth:`grad_sq_norm` when
+      the damper asks for statistics, :meth:`step` unless the step was announced, and
+      :meth:`stepped_weights` (optional) for the debugging digests;
+    - :meth:`sync` (required) before a checkpoint mid-epoch or a stop.
+
+    Class attribute ``lends``: whether workers no fit wants may be lent to its fits.
     """
 
     client: Client
@@ -149,44 +168,114 @@ class Backend(Sizing, abc.ABC):
         self._bound = False  # the module's parameters are views of the backend's buffers
         mark_base_lr(optimizer)
 
-    # ------------------------------------------------------------------ what a backend does differently
+    # ------------------------------------------------------------------ the hooks a backend implements
+    # What a new backend (register_backend) supplies; the base calls them, in this order.
     @abc.abstractmethod
-    def _module_payload(self) -> bytes:
-        """What a worker's set-up builds its module from."""
+    def module_payload(self) -> bytes:
+        """What a worker's set-up builds its module from (the bytes go in every worker's
+        :class:`~adadamp.records.SetupRequest`).
+
+        Called when the backend is entered, before any worker is set up.  Must return a pickle the
+        workers read: the module, the criterion and the device, and whatever else this backend's
+        workers need (the all-reduce's replicas take the optimizer too).
+        """
 
     @abc.abstractmethod
-    def _bind(self) -> None:
-        """Set up the client's flat weights (``self.flat``, ``self.grads``) and ``self._buffers``."""
+    def bind(self) -> None:
+        """Set up the client's flat weights and gradients (``self.flat``, ``self.grads``) and the
+        module's float buffers (``self._buffers``).
+
+        Called when the backend is entered, before any worker is set up, and by :meth:`resume`
+        with a warm call's module.  Sets ``self._bound`` when the module's parameters become views
+        of the flat buffers (leaving the backend gives them their own storage again).
+        """
+
+    def setup_request(self, worker: str) -> SetupRequest:
+        """A worker's set-up: the module and criterion, and its shared-memory offer (made now).
+
+        Called for each worker joining the fit, before its set-up RPC.  A backend whose workers
+        need more adds its settings to ``super().setup_request(worker)``.
+        """
+        return SetupRequest(
+            self.fit_id, self._payload, len(self.data),
+            channel=channels_enabled() and channel_host(worker) is not None,
+            shared=None if self._shared is None else self._shared.offer(worker),
+            dataset=self._dataset_payload,
+            fuse=self.policy.shares == "speed",
+        )
+
+    def setup_reply(self, worker: str, reply: SetupReply) -> None:
+        """What a worker's set-up reply says beyond the shared memory and the channel.
+
+        Called for each worker whose set-up succeeded; a backend reading more of the reply calls
+        ``super().setup_reply(worker, reply)`` first.  A worker set up again in a fit (back at its
+        address after a cut link or a restart) is a fresh process: what was measured of it before
+        goes, and its first reply warms up again (:meth:`_patient`).
+        """
+        self.speeds.forget(worker)
+
+    def announce_step(self, batch: Batch) -> tuple | None:
+        """Plan ``batch``'s step before its round and hand it on with the requests; returns the
+        plan and the learning rate, or None (the default): the step is planned after the round.
+
+        Called at the start of each update whose damper reads nothing of the round
+        (``batch.need`` is None).  When it returns a plan, :meth:`step` is not called.
+        """
+        return None
 
     @abc.abstractmethod
-    def _gradient_round(self, batch: Batch) -> Totals:
-        """The batch's gradient, computed on the workers (lost shares recomputed) and averaged;
-        returns the batch's totals."""
+    def gradient_round(self, batch: Batch) -> Totals:
+        """Compute the batch's gradient on the workers and average it; returns the batch's totals.
+
+        Called once per update, after the batch is drawn.  Must recompute the shares of workers
+        lost meanwhile (:func:`~adadamp.engine.backends.rounds.in_rounds`) and leave the mean
+        gradient where :meth:`finite`, :meth:`grad_sq_norm` and :meth:`step` read it.
+        """
 
     @abc.abstractmethod
-    def _finite(self, loss: float, total: Totals) -> bool:
-        """Whether the update's loss and mean gradient are finite."""
+    def finite(self, loss: float, total: Totals) -> bool:
+        """Whether the update's loss and mean gradient are finite.
+
+        Called after each :meth:`gradient_round`; False: :meth:`keep_last_finite` is called and the
+        fit raises :class:`~adadamp.exceptions.ConvergenceError`.
+        """
 
     @abc.abstractmethod
-    def _keep_last_finite(self) -> None:
-        """Go back to the weights before the update whose loss or gradient was not finite."""
+    def keep_last_finite(self) -> None:
+        """Go back to the weights before the update whose loss or gradient was not finite.
+
+        Called when :meth:`finite` said False, before the fit raises.
+        """
 
     @abc.abstractmethod
-    def _grad_sq_norm(self, total: Totals) -> float:
-        """The squared norm of the mean gradient per example (the damper's statistics)."""
+    def grad_sq_norm(self, total: Totals) -> float:
+        """The squared norm of the mean gradient per example (the damper's statistics).
+
+        Called after the round of each update whose damper asked for statistics.
+        """
 
     @abc.abstractmethod
-    def _step(self, plan) -> float:
-        """Take (or hand on) the step ``plan`` describes; returns the learning rate."""
+    def step(self, plan) -> float:
+        """Take (or hand on to the workers) the step ``plan`` describes (the damper's learning-rate
+        factor and momentum); returns the learning rate.
 
-    def _announce_step(self, batch: Batch) -> tuple | None:
-        """Plan ``batch``'s step before its round (its damper reads none of it) and hand it on with
-        the requests; returns the plan and the learning rate, or None: planned after the round."""
+        Called after each update's round, unless :meth:`announce_step` planned the step.
+        """
+
+    def stepped_weights(self) -> np.ndarray | None:
+        """The weights after the update's step, where the client holds them (None, the default:
+        it does not).
+
+        Called after each step when ``adadamp.debug.digests`` is set (the record's ``weights_digest``).
+        """
         return None
 
     @abc.abstractmethod
     def sync(self) -> None:
-        """Bring the client's module and optimizer up to date (a checkpoint mid-epoch is next)."""
+        """Bring the client's module and optimizer up to date.
+
+        Called before a checkpoint is written mid-epoch, and when a fit is interrupted.
+        """
 
     # ------------------------------------------------------------------ the workers
     @property
@@ -221,7 +310,7 @@ class Backend(Sizing, abc.ABC):
 
     def _acquire(self, stack: contextlib.ExitStack) -> None:
         """Each resource is registered for release as soon as it is held (last in, first out)."""
-        self._payload = self._module_payload()
+        self._payload = self.module_payload()
         self._dataset_payload = self.data.setup_payload(self.loop.seed)
         n_weights = sum(p.numel() for p in trainable(self.module))
         root = dask.config.get("adadamp.shm-dir", shm.DEFAULT_DIR)
@@ -232,7 +321,7 @@ class Backend(Sizing, abc.ABC):
             arrays = self.data.shared_arrays()
             if arrays is not None and torch.device(self.device).type == "cpu":
                 self._shared.share_data(X=arrays[0], y=arrays[1])
-        self._bind()
+        self.bind()
         stack.callback(self._own_storage)
         transport = Transport(
             self.client,
@@ -243,20 +332,20 @@ class Backend(Sizing, abc.ABC):
             n_buffers=sum(b.numel() for b in self._buffers),
         )
         self.members = Membership(
-            self.client, self._policy, transport, setup=self._setup_request, place=self._place,
+            self.client, self._policy, transport, setup=self.setup_request, place=self._place,
             n_updates=lambda: self.loop.n_updates, prefer=lambda batch_size: self.damper.workers_for(batch_size),
-            on_setup=self._setup_reply,
+            on_setup=self.setup_reply,
         )
         self.members.limit = self._first_workers()  # on any cluster: as many workers as the first batch wants
         self.transport = transport
         cl.ensure_plugin(self.client, TrainerPlugin, TrainerPlugin.name, register=cl.register_worker_plugin)
-        allocator.ensure_allocator(self.client)
+        ensure_allocator(self.client)
         adaptive = None
         if self._policy.scale:  # the cluster follows the sum of the wants of the fits sharing it
             if self._policy.shared:  # the embedded cluster: bounded by the machine, its workers kept while it runs
-                adaptive = allocator.adapt(self.client.cluster, maximum=embedded.max_workers(), idle=math.inf)
+                adaptive = adapt(self.client.cluster, maximum=embedded.max_workers(), idle=math.inf)
             else:  # bounded by the fits' max_workers, idle workers kept for adadamp.cluster.idle-timeout
-                adaptive = allocator.adapt(getattr(self.client, "cluster", None))
+                adaptive = adapt(getattr(self.client, "cluster", None))
         stack.callback(self.members.release)
         self.members.allocate(self.members.limit, scaled=adaptive is not None)
         watcher = self.members.watch()
@@ -274,22 +363,6 @@ class Backend(Sizing, abc.ABC):
             stack.callback(torch.set_num_threads, torch.get_num_threads())
             torch.set_num_threads(1)
 
-    def _setup_request(self, worker: str) -> SetupRequest:
-        """A worker's set-up: the module and criterion, and its shared-memory offer (made now)."""
-        return SetupRequest(
-            self.fit_id, self._payload, len(self.data),
-            channel=channels_enabled() and channel_host(worker) is not None,
-            shared=None if self._shared is None else self._shared.offer(worker),
-            dataset=self._dataset_payload,
-            fuse=self.policy.shares == "speed",
-        )
-
-    def _setup_reply(self, worker: str, reply: SetupReply) -> None:
-        """What a worker's set-up reply says beyond the shared memory and the channel.  A worker set
-        up again in a fit (back at its address after a cut link or a restart) is a fresh process:
-        what was measured of it before goes, and its first reply warms up again (:meth:`_patient`)."""
-        self.speeds.forget(worker)
-
     # ------------------------------------------------------------------ warm sessions
     def suspend(self) -> None:
         """End one call but keep the workers, their data and the channels for the next call on
@@ -305,7 +378,7 @@ class Backend(Sizing, abc.ABC):
         self.module, self.optimizer, self.damper, self.loop = module, optimizer, damper, loop
         self.sampler = Sampler(loop, self.sampler.order)
         mark_base_lr(optimizer)
-        self._bind()
+        self.bind()
         self._suspended = contextlib.ExitStack()
         self._single_threaded(self._suspended)
         self.members.grant.declare(self._first_workers(), self._first_workers())
@@ -350,20 +423,20 @@ class Backend(Sizing, abc.ABC):
         t_start = time.perf_counter()
         self.members.lost_in_rounds.clear()
         batch = self._next_batch()
-        announced = self._announce_step(batch) if batch.need is None else None  # the plan reads nothing of the round
+        announced = self.announce_step(batch) if batch.need is None else None  # the plan reads nothing of the round
         t_sent = time.perf_counter()
-        total = self._gradient_round(batch)
+        total = self.gradient_round(batch)
         t_back = time.perf_counter()
         self.speeds.observe_update(self.workers, total.per_worker)
         n = total.n
         loss = total.loss_sum / total.weight  # weight = n unless the criterion's mean is class-weighted
-        if not self._finite(loss, total):
-            self._keep_last_finite()
+        if not self.finite(loss, total):
+            self.keep_last_finite()
             raise self._diverged(loss, len(batch.idx))
         if announced is None:
             plan = self.damper.plan_update(batch.state, int(n), self._stats(batch, total))
             t_agg = time.perf_counter()
-            lr = self._step(plan)
+            lr = self.step(plan)
         else:
             (plan, lr), t_agg = announced, time.perf_counter()
         t_step = time.perf_counter()
@@ -385,7 +458,7 @@ class Backend(Sizing, abc.ABC):
     def _stats(self, batch: Batch, total: Totals) -> GradStats | None:
         """The round's statistics the damper asked for (None: it asked for none)."""
         return None if batch.need is None else GradStats(
-            n_samples=int(total.n), grad_sq_norm=self._grad_sq_norm(total),
+            n_samples=int(total.n), grad_sq_norm=self.grad_sq_norm(total),
             chunk_sq_norm_sum=float(total.chunk_sq_norm_sum), n_chunks=int(total.n_chunks))
 
     def _diverged(self, loss: float, batch_size: int) -> ConvergenceError:
@@ -395,17 +468,13 @@ class Backend(Sizing, abc.ABC):
             "rate (optimizer__lr) or the batch-size growth."
         )
 
-    def _stepped_weights(self) -> np.ndarray | None:
-        """The weights after the update's step, where the client holds them (``weights_digest``)."""
-        return None
-
     def _record(self, n, lr, loss, total: Totals, t_start, t_sent, t_back, t_agg, t_step) -> UpdateRecord:
         """The update's record from its clock readings."""
         round_trip = t_back - t_sent
         digests = {}
         if dask.config.get("adadamp.debug.digests", False):  # what the update used, and where it stepped to
             digests["examples_digest"] = total.digest
-            weights = self._stepped_weights()
+            weights = self.stepped_weights()
             if weights is not None:
                 digests["weights_digest"] = int.from_bytes(
                     hashlib.blake2b(weights.tobytes(), digest_size=8).digest(), "little"

@@ -18,7 +18,7 @@ again from the data source (the client's arrays, or a dask array's lineage) and 
 recomputed on the survivors (:doc:`/guide/elasticity`).  The number of shards is not the number of
 workers: it changes only between updates, with the batch size when the fit scales the cluster, and
 otherwise only when more workers take part than there are shards, so a worker lost and replaced
-changes no update by a single bit (issue 27).
+changes no update by a single bit.
 This module talks to Dask; it knows nothing about scikit-learn.
 """
 
@@ -53,11 +53,11 @@ class ParameterServer(Backend):
 
     lends = True
 
-    def _module_payload(self) -> bytes:
+    def module_payload(self) -> bytes:
         """What a worker's set-up builds its module from."""
         return cloudpickle.dumps((self.module, self.criterion, self.device))
 
-    def _bind(self) -> None:
+    def bind(self) -> None:
         """Make the module's parameters views of the fit's flat buffers (in shared memory when the
         workers on this host read the weights in place)."""
         self.flat, self.grads = flatten_parameters(self.module)
@@ -154,7 +154,7 @@ class ParameterServer(Backend):
             shard=first, in_reply=in_reply, parts=parts,
         )
 
-    def _gradient_round(self, batch: Batch) -> Totals:
+    def gradient_round(self, batch: Batch) -> Totals:
         """The shards' gradient sums added into ``self.grads_np``, then divided once; the running
         statistics set to the workers' example-weighted mean."""
         total = self._gradients(batch.idx, batch.n_chunks, batch.epoch, batch.ahead)
@@ -164,20 +164,20 @@ class ParameterServer(Backend):
             self.grads_np *= 1.0 / total.weight
         return total
 
-    def _finite(self, loss: float, total: Totals) -> bool:
+    def finite(self, loss: float, total: Totals) -> bool:
         return math.isfinite(loss) and bool(np.isfinite(self.grads_np).all())
 
-    def _keep_last_finite(self) -> None:
+    def keep_last_finite(self) -> None:
         self.flat.copy_(self._backups[1 - self._current])
 
-    def _grad_sq_norm(self, total: Totals) -> float:
+    def grad_sq_norm(self, total: Totals) -> float:
         scale = total.weight / total.n  # the statistics are per example: the mean of the workers' sums
         return float(exact_squared_norm(self.grads)) * scale * scale
 
-    def _stepped_weights(self) -> np.ndarray:
+    def stepped_weights(self) -> np.ndarray:
         return self.flat_np
 
-    def _step(self, plan) -> float:
+    def step(self, plan) -> float:
         """The client steps."""
         self._current = 1 - self._current
         lr = apply_plan(self.optimizer, plan)

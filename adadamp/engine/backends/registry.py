@@ -21,7 +21,9 @@ def register_backend(name: str, cls: type[Backend]) -> None:
     name : str
         The value of the estimators' ``backend`` parameter that selects ``cls``.
     cls : type
-        A subclass of :class:`~adadamp.engine.backends.base.Backend`.
+        A subclass of :class:`~adadamp.engine.backends.base.Backend` that implements its hooks
+        (listed in the class's Notes: ``module_payload``, ``bind``, ``gradient_round``, ``finite``,
+        ``keep_last_finite``, ``grad_sq_norm``, ``step`` and ``sync``; the others optional).
 
     Examples
     --------

@@ -5,9 +5,9 @@ with the cluster.
 The workers a batch wants (:meth:`Membership.wanted`), the schedule read far enough ahead that
 workers asked for now are up when their batch comes (``WORKER_START``, ``START_MARGIN``), the
 shards an update is cut into (finer with speed-based shares), and the placement of the data blocks
-on the workers, moving as few as possible (:func:`~adadamp.data.placement.plan_moves`).  Its own
-module because it is one decision, where the data goes for the coming batches, taken between
-updates; what an update does is :mod:`.base`.
+on the workers, moving as few as possible (:func:`~adadamp.data.placement.plan_moves`).  These
+are one decision, where the data goes for the coming batches, taken between updates; what an
+update does is :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -16,14 +16,27 @@ import collections
 import dataclasses
 import logging
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 from dask.utils import format_bytes
 
-from ... import cluster as cl
+from ...cluster import policy as cl
 from ...data.placement import plan_moves
 from ...wire.parameters import examples_independent
 from ..speeds import COUPLED_SHARDS_PER_WORKER, REBALANCE_GAIN, SHARDS_PER_WORKER
+
+if TYPE_CHECKING:
+    import torch
+    from distributed import Client
+
+    from ...dampers import BaseDamper
+    from ...dampers.clock import LoopState
+    from ...data import DataSource
+    from ...data.placement import Placement
+    from ..membership import Membership
+    from ..speeds import Speeds
+    from ..transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +57,30 @@ LENT_TRIAL = 5
 class Sizing:
     """The workers, shards and data placement of a fit, as the damper's schedule asks.
 
-    A base of :class:`~adadamp.engine.backends.base.Backend`: it reads the backend's ``damper``,
-    ``loop``, ``members``, ``policy`` (and the estimator's ``_policy``), ``placement``, ``speeds``,
-    ``data``, ``transport``, ``workers``, ``module``, ``client``, ``_recent`` (the latest updates'
-    seconds), ``_lent_times`` and ``_resizing`` (the batch being sized for), and sets ``n_shards``.
+    A base of :class:`~adadamp.engine.backends.base.Backend`, which provides the attributes
+    declared below (its contract with its host; annotations only, nothing is set here).
     """
+
+    # ------------------------------------------------------------------ what the host provides
+    client: Client
+    module: torch.nn.Module
+    damper: BaseDamper
+    loop: LoopState
+    data: DataSource
+    placement: Placement
+    speeds: Speeds
+    members: Membership  #: set when the backend is entered
+    transport: Transport  #: set when the backend is entered
+    workers: list[str]  #: (a property) the workers training now, in rank order
+    policy: cl.ClusterPolicy  #: (a property) the cluster policy in force
+    _policy: cl.ClusterPolicy  #: the estimator's cluster policy
+    _recent: collections.deque[float]  #: the latest updates' seconds (the schedule's clock)
+    _lent_times: dict[tuple[int, int], collections.deque[float]]  #: update seconds by (batch, lent workers)
+    _resizing: int | None  #: the batch the workers are being sized for (between updates), else None
+    # ------------------------------------------------------------------ what it sets
+    n_shards: int | None  #: the shards each update is cut into (set at the first placement)
+    _placed: bool  #: a first placement was done (later ones only warn about memory)
+    _independent: bool  #: each example's gradient is independent of the others' (the module's)
 
     # ------------------------------------------------------------------ how many workers and shards
     def _size_cluster(self) -> None:

@@ -1,0 +1,144 @@
+"""One allocator per cluster, living with the scheduler: the fits that share a cluster get
+disjoint workers, and the cluster follows the sum of what they want.
+
+Each fit declares the workers it wants now and ahead (its schedule's forecast, about one worker
+start ahead) and trains only on the workers it is granted; no fit takes, shrinks or retires a
+worker another fit holds.  The scheduler is the one place every fit can reach (from threads,
+joblib's processes, other clients), so the allocator is a scheduler plugin (:class:`Allocator`),
+registered idempotently by the first fit.
+
+Sizing: :class:`AllocatorAdaptive` is Dask's own ``Adaptive`` with ``target()`` the sum of the
+wants (plus the workers kept warm) and ``workers_to_close()`` the workers no fit holds that have
+been idle for ``adadamp.cluster.idle-timeout`` (dask config), so a search's next candidate and
+back-to-back fits find them warm.  Retiring goes through ``Adaptive.scale_down``: the scheduler
+retires the workers gracefully before the cluster closes them.
+
+Division: when the wants exceed what the cluster may have, each fit gets an equal share of the
+workers (max-min fair: a fit that wants less than its share leaves the rest to the others); the
+fits that predict their speedup per worker count (``Goodput``) divide their shares together by
+marginal speedup, as Pollux re-divides a cluster among jobs (Qiao et al. OSDI'21, section 4.2)
+but without restarts: a grant changes between two updates.  A fit keeps the workers it holds up to its share, so
+grants move only when they must.  A fit whose client leaves the scheduler loses its grant at
+once; one that stops renewing it otherwise, after ``LEASE`` seconds.
+
+Lending: a worker no fit wants is lent to a fit that says more workers would shorten its
+updates (``borrow``: its own update-time model, :meth:`~adadamp.engine.speeds.Speeds.helpers`).
+A lent worker is in no one's share: the next division hands it to a fit that wants it, and the
+fit it was lent to gives it back between two updates (:func:`lend`).
+
+The parts: :mod:`~adadamp.cluster.division` (pure functions: shares, division, lending),
+:mod:`~adadamp.cluster.allocator` (the scheduler's side: one :class:`FitEntry` per fit, handlers that
+check their arguments first) and :mod:`~adadamp.cluster.grant` (a fit's side).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+
+import dask
+from dask.utils import parse_timedelta
+from distributed.deploy.adaptive import Adaptive
+
+from ..wire.identity import scheduler_info
+from .allocator import LEASE, MAX_COUNT, MAX_FITS_PER_CLIENT, NAME, Allocator, FitEntry
+from .division import by_speedup, divide, lend, shares
+from .grant import Grant
+
+__all__ = ["LEASE", "MAX_COUNT", "MAX_FITS_PER_CLIENT", "NAME", "Allocator", "AllocatorAdaptive", "FitEntry", "Grant",
+           "adapt", "by_speedup", "divide", "ensure_allocator", "idle_timeout", "lend", "shares"]
+
+IDLE_TIMEOUT = "30 s"  #: default of dask config ``adadamp.cluster.idle-timeout``
+
+
+def idle_timeout() -> float:
+    """Seconds a worker no fit holds stays in a cluster the allocator sizes (dask config
+    ``adadamp.cluster.idle-timeout``)."""
+    value = dask.config.get("adadamp.cluster.idle-timeout", IDLE_TIMEOUT)
+    try:
+        return float(parse_timedelta(value))
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"dask config adadamp.cluster.idle-timeout={value!r} is not a duration: give seconds or "
+                         "a string such as '30 s'.") from err
+
+
+
+class AllocatorAdaptive(Adaptive):
+    """Dask's ``Adaptive`` sized by the allocator: the sum of the fits' wants, shrinking lazily
+    and only through workers no fit holds (``Adaptive`` keeps its ``wait_count`` hysteresis and
+    retires gracefully)."""
+
+    idle: float | None = None  #: seconds a worker no fit holds is kept (None: dask config adadamp.cluster.idle-timeout)
+
+    async def target(self) -> int:
+        maximum = None if math.isinf(self.maximum) else int(self.maximum)
+        idle = idle_timeout() if self.idle is None else self.idle
+        return await self.scheduler.adadamp_target(maximum=maximum, minimum=int(self.minimum),
+                                                   idle=None if math.isinf(idle) else idle)
+
+    async def workers_to_close(self, target: int) -> list[str]:
+        return await self.scheduler.adadamp_workers_to_close(target=target)
+
+
+_ADAPTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its AllocatorAdaptive
+_LOCK = threading.Lock()
+
+
+def _adapting(adaptive: Adaptive) -> bool:
+    """Whether ``adaptive`` was not stopped: ``Adaptive.state`` from distributed 2024.12.0 on; before
+    it, ``stop()`` drops the periodic callback that ``__init__`` made."""
+    state = getattr(adaptive, "state", None)
+    return state != "stopped" if state is not None else adaptive.periodic_callback is not None
+
+
+def adapt(cluster, minimum: int | None = None, maximum: float | None = None, interval: float = 0.5,
+          idle: float | None = None) -> AllocatorAdaptive | None:
+    """Size ``cluster`` (a LocalCluster, a dask-jobqueue cluster: any ``SpecCluster``) for the
+    fits that share it: the sum of their wants, within ``[minimum, maximum]`` (``minimum`` None:
+    the workers it has now, so it never shrinks below what it was started with; ``maximum``
+    None: the largest ``max_workers`` of the fits; ``idle``: seconds a worker no fit holds is kept,
+    None: dask config ``adadamp.cluster.idle-timeout``, read each time).  A fit with
+    ``scale_cluster`` calls this for the cluster of its client (once per cluster); None for a
+    cluster that cannot adapt."""
+    if not hasattr(cluster, "adapt"):
+        return None
+    with _LOCK:
+        adaptive = _ADAPTIVE.get(cluster)
+        if adaptive is not None and _adapting(adaptive):
+            if maximum is not None:
+                adaptive.maximum = maximum
+            if idle is not None:
+                adaptive.idle = idle
+            return adaptive
+        if minimum is None:
+            minimum = len(getattr(cluster, "plan", ()))
+        adaptive = cluster.adapt(Adaptive=AllocatorAdaptive, minimum=minimum,
+                                 maximum=math.inf if maximum is None else maximum,
+                                 interval=interval, wait_count=3)
+        adaptive.idle = idle
+        _ADAPTIVE[cluster] = adaptive
+        return adaptive
+
+
+_REGISTERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # client -> scheduler ids it registered with
+
+
+def ensure_allocator(client) -> None:
+    """Register the allocator on ``client``'s scheduler unless it is there (idempotent: a second
+    registration keeps the first allocator and its state)."""
+    ident = scheduler_info(client).get("id")
+    with _LOCK:
+        if ident is not None and ident in _REGISTERED.get(client, set()):
+            return
+    client.run_on_scheduler(_install)
+    with _LOCK:
+        _REGISTERED.setdefault(client, set()).add(ident)
+
+
+def _install(dask_scheduler=None) -> None:
+    """On the scheduler's event loop (atomic among fits): add the allocator unless it is there."""
+    if NAME not in dask_scheduler.plugins:
+        plugin = Allocator()
+        dask_scheduler.add_plugin(plugin, name=NAME)
+        plugin.start(dask_scheduler)
