@@ -40,6 +40,7 @@ import weakref
 import dask
 from dask.utils import parse_timedelta
 from distributed.deploy.adaptive import Adaptive
+from distributed.protocol.pickle import dumps
 
 from ..wire.identity import scheduler_info
 from .allocator import LEASE, MAX_COUNT, MAX_FITS_PER_CLIENT, NAME, Allocator, FitEntry
@@ -49,7 +50,9 @@ from .grant import Grant
 __all__ = ["LEASE", "MAX_COUNT", "MAX_FITS_PER_CLIENT", "NAME", "Allocator", "AllocatorAdaptive", "FitEntry", "Grant",
            "adapt", "by_speedup", "divide", "ensure_allocator", "idle_timeout", "lend", "shares"]
 
-IDLE_TIMEOUT = "30 s"  #: default of dask config ``adadamp.cluster.idle-timeout``
+#: Default of dask config ``adadamp.cluster.idle-timeout``: long enough that a search's next candidates
+#: find the workers warm while joblib's processes start (a warm SLURM allocation lost its 4 jobs at 30 s).
+IDLE_TIMEOUT = "2 minutes"
 
 
 def idle_timeout() -> float:
@@ -70,8 +73,12 @@ class AllocatorAdaptive(Adaptive):
     retires gracefully)."""
 
     idle: float | None = None  #: seconds a worker no fit holds is kept (None: dask config adadamp.cluster.idle-timeout)
+    _installed = False
 
     async def target(self) -> int:
+        if not self._installed:  # before any fit registered it: joblib's "dask" backend waits for a worker first
+            await self.scheduler.register_scheduler_plugin(plugin=dumps(Allocator()), name=NAME, idempotent=True)
+            self._installed = True
         maximum = None if math.isinf(self.maximum) else int(self.maximum)
         idle = idle_timeout() if self.idle is None else self.idle
         return await self.scheduler.adadamp_target(maximum=maximum, minimum=int(self.minimum),

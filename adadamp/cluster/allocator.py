@@ -51,7 +51,7 @@ class GrantReply:
     --------
     >>> from adadamp.records import to_message
     >>> to_message(GrantReply(None, start_latency=4.5))  # the allocator holds no such fit
-    {'grant': None, 'lent': [], 'share': None, 'others': 0, 'start_latency': 4.5}
+    {'grant': None, 'lent': [], 'share': None, 'others': 0, 'start_latency': 4.5, 'adapted_ago': None}
     """
 
     grant: list[str] | None  #: the fit's workers, those lent to it included (None: it ended, or its lease ran out)
@@ -59,6 +59,7 @@ class GrantReply:
     share: int | None = None  #: the most workers the fit may have, its fair share (None: those it holds)
     others: int = 0  #: the other fits the allocator divides the cluster among
     start_latency: float | None = None  #: seconds the cluster took to bring workers asked for (None: not measured)
+    adapted_ago: float | None = None  #: seconds since an adaptive last asked for the cluster's target (None: never)
 
 
 MAX_COUNT = 65536  #: the most workers any count a fit declares may name
@@ -101,6 +102,7 @@ class Allocator(SchedulerPlugin):
         self.free_since: dict[str, float] = {}  # worker -> when it was last held (or joined)
         self.capacity = math.inf  # the most workers the cluster may have (the adaptive's maximum)
         self.sized = False  # an AllocatorAdaptive reports: the cluster grows for the wants
+        self.adapted: float | None = None  # when an adaptive last asked for the target (time.monotonic)
         self.asked: tuple[float, int] | None = None  # (when, how many) the target last rose above the live workers
         self.start_latency: float | None = None  # seconds the cluster took to bring workers asked for
         self.scheduler = None
@@ -175,13 +177,16 @@ class Allocator(SchedulerPlugin):
                 entry.grant, entry.lent = old.grant, old.lent
             self.fits[fit] = entry
         elif fit not in self.fits:
-            return to_message(GrantReply(None, start_latency=self.start_latency))  # ended, or lost its lease
+            return to_message(GrantReply(None, start_latency=self.start_latency, adapted_ago=self._adapted_ago(now)))
         entry = self.fits[fit]
         entry.renewed = now
         self._divide()
         share = shares(self._division_wants(), self._capacity(), self._speedups()).get(fit, 0)
         return to_message(GrantReply([*entry.grant, *entry.lent], list(entry.lent), share, len(self.fits) - 1,
-                                     self.start_latency))
+                                     self.start_latency, self._adapted_ago(now)))
+
+    def _adapted_ago(self, now: float) -> float | None:
+        return None if self.adapted is None else now - self.adapted
 
     def _entry(self, fit, want, ahead, most, least, client, scaled, speedups, borrow) -> FitEntry:
         """A declaration checked whole, before anything changes."""
@@ -275,6 +280,7 @@ class Allocator(SchedulerPlugin):
         minimum = _count("adadamp_target", "minimum", minimum)
         idle = _number("adadamp_target", "idle", idle)
         self.sized = True
+        self.adapted = time.monotonic()
         self.idle = math.inf if idle is None else idle
         self.capacity = math.inf if maximum is None else maximum
         now = time.monotonic()

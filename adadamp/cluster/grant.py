@@ -18,6 +18,7 @@ class Grant:
         self.share = 0  # the workers the fit's fair share allows (its want when the cluster has room)
         self.others = 0  # the other fits the allocator divides the cluster among
         self.start_latency: float | None = None
+        self.adapted_ago: float | None = None  # seconds since an adaptive last sized the cluster (None: never)
         self.declared: tuple[int, int] | None = None
         self.speedups: list[float] | None = None  # the damper's predicted speedup on 1, 2, ... workers
         self._sent_speedups: list[float] | None = None
@@ -60,6 +61,7 @@ class Grant:
             self.lent = list(reply.lent)
             self.others = reply.others
         self.start_latency = reply.start_latency
+        self.adapted_ago = reply.adapted_ago
 
     def release(self) -> None:
         """Give the workers back (the fit ended, or is suspended until its next ``partial_fit``)."""

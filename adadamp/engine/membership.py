@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from distributed import Client, get_worker
 
 from ..cluster import policy as cl
+from ..cluster import waiting
 from ..cluster.grant import Grant
 from ..exceptions import NoWorkersError, SchedulerLostError
 from ..records import ReleaseRequest, SetupReply, SetupRequest
@@ -416,10 +417,20 @@ class Membership:
         self.set_up.clear()
 
     # ------------------------------------------------------------------ cluster size
+    def _why(self) -> str:
+        """Why the fit lacks workers, as far as this process can tell (:func:`~adadamp.cluster.waiting.why`)."""
+        adapted_ago = self.grant.adapted_ago if self.grant is not None else None
+        try:
+            return waiting.why(self.client, self.policy.scale, adapted_ago, self._live_names)
+        except Exception as err:  # noqa: BLE001 -- a reason never fails the fit
+            logger.debug("could not tell why the fit waits (%r)", err)
+            return ""
+
     def _wait_for_workers(self) -> None:
         timeout = self.policy.worker_timeout
         logger.warning("no live worker; waiting up to %.0f s for one", timeout)
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline, told = start + timeout, False
         while True:
             if self.policy.scale:
                 self.heal(force=True)
@@ -429,11 +440,16 @@ class Membership:
                 return
             except TimeoutError as err:
                 if left <= HEAL_INTERVAL:
+                    gone = "All Dask workers are gone and none" if self._n_updates() else "No Dask worker"
                     raise NoWorkersError(
-                        f"All Dask workers are gone and none joined within worker_timeout={timeout} s "
-                        f"(after {self._n_updates()} model updates). The estimator keeps the last good "
-                        "weights; add workers to the cluster and call fit again with warm_start=True."
+                        f"{gone} joined within worker_timeout={timeout} s "
+                        f"(after {self._n_updates()} model updates). {self._why()} The estimator keeps the "
+                        "last good weights; add workers to the cluster and call fit again with warm_start=True."
                     ) from err
+            if not told and time.monotonic() - start > waiting.ADAPTED_WITHIN:  # an adaptive has asked by now
+                told, why = True, self._why()
+                if why:
+                    logger.warning("still no worker after %.0f s: %s", time.monotonic() - start, why)
 
     def _wait_for(self, n: int, timeout: float, unless: Callable[[], bool] = lambda: False) -> None:
         """Wait until ``n`` workers this fit may train on are running (``TimeoutError`` after ``timeout``)
@@ -529,8 +545,8 @@ class Membership:
             coming = min(wanted, max(1, self.grant.share))
             if (self.policy.scale and not self.grant.others and len(latest) < coming
                     and len(live := self._granted(cl.live_workers(self.client))) < coming):
-                logger.info("update %d: the batch wants %d workers, the fit has %d; waiting up to %.0f s",
-                            self._n_updates(), wanted, len(live), self.policy.scale_wait)
+                logger.info("update %d: the batch wants %d workers, the fit has %d; waiting up to %.0f s. %s",
+                            self._n_updates(), wanted, len(live), self.policy.scale_wait, self._why())
                 with contextlib.suppress(TimeoutError):
                     self._wait_for(coming, timeout=self.policy.scale_wait, unless=lambda: self.grant.others > 0)
             self.refresh(force=True)

@@ -330,7 +330,13 @@ def test_fit_grows_trains_shrinks_and_jobs_end(slurm, tmp_path, request):
     engine asks for 1 -> 2 -> 3 workers = SLURM jobs.  A second fit with a small constant
     batch on the same cluster shrinks it to one job; scale(0) ends the rest."""
     X, y = regression_data()
-    with slurm_cluster(tmp_path, "grow") as (cluster, client, jobs), engine_log() as log:
+    import dask
+
+    with (
+        dask.config.set({"adadamp.cluster.idle-timeout": "30 s"}),  # the shrink below waits up to 60 s
+        slurm_cluster(tmp_path, "grow") as (cluster, client, jobs),
+        engine_log() as log,
+    ):
         est = slow_regressor(
             client,
             0.25,
@@ -479,6 +485,43 @@ def test_two_growing_fits_share_one_slurm_allocation(slurm, tmp_path, request):
     assert all(state in FINISHED for state in final.values()), final
 
 
+def test_a_loky_search_grows_a_slurm_cluster_that_has_no_job(slurm, tmp_path, request):
+    """joblib's default backend with ``client=`` on a SLURMCluster with no job yet: the fits in loky's
+    processes declare their wants to the scheduler's allocator and the adaptive of this process submits
+    the jobs (main's fits declared no growth: no job was ever submitted); scores bitwise those of the
+    threading search on the same cluster."""
+    import joblib
+    from sklearn.model_selection import GridSearchCV
+
+    from adadamp.cluster import adapt
+
+    X, y = regression_data(256)
+
+    def search(client):
+        est = adadamp.DaskRegressor(client=client, scale_cluster=True, max_workers=2, max_epochs=2, batch_size=32,
+                                    grads_per_worker=16, random_state=0, worker_timeout=120, update_timeout=60)
+        return GridSearchCV(est, {"optimizer__lr": [0.01, 0.03]}, cv=2, n_jobs=2, error_score="raise")
+
+    with slurm_cluster(tmp_path, "loky") as (cluster, client, jobs):
+        adapt(cluster, maximum=2)
+        assert not jobs.active()
+        t0 = time.monotonic()
+        with joblib.parallel_config(backend="loky"):
+            cold = search(client).fit(X, y)
+        took = time.monotonic() - t0
+        with joblib.parallel_config(backend="threading"):
+            warm = search(client).fit(X, y)
+        submitted = len(jobs.states())
+        cluster.scale(0)
+        final = jobs.wait_all_ended(60)
+    _say(request.config, f"[slurm] loky search from no job: {took:.1f} s, {submitted} jobs submitted")
+    jobs.report(request.config, "loky")
+    assert 1 <= submitted <= 4, submitted
+    for split in ("split0_test_score", "split1_test_score"):
+        np.testing.assert_array_equal(cold.cv_results_[split], warm.cv_results_[split])
+    assert all(state in FINISHED for state in final.values()), final
+
+
 def _plugin_registered(dask_scheduler) -> bool:
     from adadamp.worker.plugin import TrainerPlugin
 
@@ -511,7 +554,10 @@ def test_fit_waits_for_queued_jobs(slurm, tmp_path, request):
             60,
             "the fit to reach the cluster",
         )
-        time.sleep(2.0)  # simulated queue wait: the fit is running while its jobs are pending
+        # simulated queue wait: the fit is running while its jobs are pending, and says so once an
+        # adaptive would have answered (waiting.ADAPTED_WITHIN)
+        poll(lambda: not thread.is_alive() or any("pending in the queue" in line for line in log), 30,
+             "the fit to say that its jobs are pending")
         queued_while_fitting = thread.is_alive()
         _run("scontrol", "release", ",".join(held))
         thread.join(120)
@@ -532,6 +578,9 @@ def test_fit_waits_for_queued_jobs(slurm, tmp_path, request):
     )
     assert len(est.history_) == 3
     assert min(per_update) >= 1, per_update
+    said = next(line for line in log if "pending in the queue" in line)
+    assert all(f"{job} (PENDING: JobHeldUser)" in said for job in held), said
+    assert "scale_cluster is off" in said, said
 
 
 def _runs(values: list[int]) -> str:

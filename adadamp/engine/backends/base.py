@@ -340,14 +340,16 @@ class Backend(Sizing, abc.ABC):
         self.transport = transport
         cl.ensure_plugin(self.client, TrainerPlugin, TrainerPlugin.name, register=cl.register_worker_plugin)
         ensure_allocator(self.client)
-        adaptive = None
         if self._policy.scale:  # the cluster follows the sum of the wants of the fits sharing it
             if self._policy.shared:  # the embedded cluster: bounded by the machine, its workers kept while it runs
-                adaptive = adapt(self.client.cluster, maximum=embedded.max_workers(), idle=math.inf)
+                adapt(self.client.cluster, maximum=embedded.max_workers(), idle=math.inf)
             else:  # bounded by the fits' max_workers, idle workers kept for adadamp.cluster.idle-timeout
-                adaptive = adapt(getattr(self.client, "cluster", None))
+                adapt(getattr(self.client, "cluster", None))
         stack.callback(self.members.release)
-        self.members.allocate(self.members.limit, scaled=adaptive is not None)
+        # Declared as scaling whether or not this process can adapt the cluster: a fit in joblib's
+        # processes or on a Dask worker holds no cluster object, and the adaptive of the process that
+        # made the cluster sizes it for the wants of every fit the scheduler's allocator holds.
+        self.members.allocate(self.members.limit, scaled=self._policy.scale)
         watcher = self.members.watch()
         stack.callback(watcher.cancel)
         self.members.refresh(force=True)
