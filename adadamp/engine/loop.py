@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -55,8 +56,9 @@ class FitLoop:
     """
 
     def __init__(self, estimator, state: TrainingState, *, checkpoint=None, checkpoint_every=None, verbose=0,
-                 valid=None, page: Callable[[Client, int], Page], budgeted: bool = True):
+                 valid=None, page: Callable[[Client, int], Page], budgeted: bool = True, label: str = ""):
         self.estimator = estimator
+        self.label = label  # the estimator in short (its parameters that differ from the defaults), for verbose
         self.budgeted = budgeted
         self.page = page
         self.state = state
@@ -97,7 +99,8 @@ class FitLoop:
         first = len(updates) >= FIRST_ESTIMATE[0] or time.monotonic() - self._epoch_start >= FIRST_ESTIMATE[1]
         if self.verbose and self._untold and first:
             self._untold = False
-            print(f"time left: about {eta:.1f} s (estimated from the first {len(updates)} updates)", flush=True)
+            print(f"time left: about {eta:.1f} s (estimated from the first {len(updates)} updates; "
+                  f"fit {self._publisher.fit})", flush=True)
         self.call("on_update_end", record=updates[-1], eta=eta)
 
     def _interrupted(self) -> FitInterrupted:
@@ -152,11 +155,12 @@ class FitLoop:
         self._gaps, self._overheads = [], []  # seconds between updates; each epoch's outside its updates
         s.loop.end_epoch = float(last_epoch) if self.budgeted else None
         self._publisher = self.page(backend.client, last_epoch)
-        if self._publisher.url is not None:  # printed where the user looks; logged at verbose=0
-            if self.verbose:
-                print(f"live training page: {self._publisher.url}", flush=True)
-            else:
-                logger.info("live training page: %s", self._publisher.url)
+        if self.verbose:  # which fit the rows below are (a search's fits print theirs interleaved)
+            print(f"fit {self._publisher.fit}: {self.label}", flush=True)
+        if self._publisher.url is not None:  # logged; printed where the user looks, once per page and process
+            logger.info("live training page: %s", self._publisher.url)
+            if self.verbose and _first_on_page(self._publisher.url):
+                print(f"live training page: {self._publisher.url} (this process's other fits: ?fit=<id>)", flush=True)
         self.call("on_train_begin")
         try:
             for i in range(epochs):
@@ -183,7 +187,7 @@ class FitLoop:
                     self._writer.save(s, [])
                 left = self._estimate()  # with this epoch's updates measured
                 if self.verbose:
-                    print_row(row, header=len(s.history) == 1, eta=left)
+                    print_row(row, header=len(s.history) == 1, eta=left, fit=self._publisher.fit)
                 self._publisher.epoch(row, left)
                 self.call("on_epoch_end", row=row)
         except StopTraining as stop:
@@ -319,15 +323,31 @@ def coming_epochs(state: TrainingState, last_epoch: int, last: int | None = None
     return epochs
 
 
-def print_row(row: dict, header: bool, eta: float | None = None) -> None:
-    """One line of the ``verbose=1`` table (and the header before the first); ``eta``: seconds left."""
+def print_row(row: dict, header: bool, eta: float | None = None, fit: str = "") -> None:
+    """One line of the ``verbose=1`` table (and the header before the first); ``eta``: seconds left;
+    ``fit``: the fit's id, last, so that the rows of a search's fits printed together tell apart."""
     cols = ("epoch", "train_loss", *(("valid_loss",) if "valid_loss" in row else ()), "batch_size", "lr",
             "n_workers", "n_updates", "dur")
     if header:
-        print("  ".join(f"{c:>10}" for c in (*cols, "time left")))
+        print("  ".join(f"{c:>10}" for c in (*cols, "time left", *(("fit",) if fit else ()))))
     cells = []
     for c in cols:
         v = row[c]
         cells.append(f"{v:>10.4g}" if isinstance(v, float) else f"{v:>10}")
     cells.append(f"{'-' if eta is None else f'{eta:.1f} s':>10}")
+    if fit:
+        cells.append(fit)
     print("  ".join(cells), flush=True)
+
+
+_PAGES: set[str] = set()  # the pages this process printed the address of
+_PAGES_LOCK = threading.Lock()
+
+
+def _first_on_page(url: str) -> bool:
+    """Whether no fit of this process printed the page at ``url``'s address before (one address per page)."""
+    base = url.split("?", 1)[0]
+    with _PAGES_LOCK:
+        first = base not in _PAGES
+        _PAGES.add(base)
+    return first

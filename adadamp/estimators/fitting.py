@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import logging
 import os
 import types
 from collections.abc import Mapping
@@ -41,6 +42,8 @@ from ..sample_weight import SampleWeightedLoss
 from ..wire import optimizer_plan
 from ..wire.seeding import seeded
 from . import parameters
+
+logger = logging.getLogger(__name__)
 
 
 def routed(params: Mapping, prefix: str) -> dict:
@@ -207,6 +210,44 @@ def resume(state: TrainingState, params: Mapping, source, fresh: bool) -> list:
         epoch_updates = checkpoint.restore(state, saved, len(source))
     state.fingerprint = current
     return epoch_updates
+
+
+def fit_label(est, params: Mapping) -> str:
+    """The estimator in short, as the verbose output names a fit: its class and the parameters that
+    differ from the defaults (what a search varies).
+
+    Examples
+    --------
+    >>> from adadamp import DaskRegressor
+    >>> est = DaskRegressor(max_epochs=3, optimizer__lr=0.01)
+    >>> fit_label(est, est.get_params(deep=False))
+    'DaskRegressor(max_epochs=3, optimizer__lr=0.01)'
+    """
+    defaults = {k: p.default for k, p in inspect.signature(type(est).__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    changed = {k: v for k, v in params.items()
+               if k not in ("client", "verbose") and (k not in defaults or not _same(v, defaults[k]))}
+    return f"{type(est).__name__}({', '.join(f'{k}={v}' for k, v in dashboard.short_params(changed).items())})"
+
+
+def _same(value, default) -> bool:
+    if value is default:
+        return True
+    try:
+        return type(value) is type(default) and bool(value == default)
+    except (TypeError, ValueError):  # arrays, tensors: not a default
+        return False
+
+
+def _say_resumed(state: TrainingState, path, verbose) -> None:
+    """Say that a fit goes on from its checkpoint file, and from where (printed with ``verbose``)."""
+    if state.loop.n_updates == 0:
+        return
+    said = (f"resumed from the checkpoint {os.path.basename(os.fspath(path))} at update {state.loop.n_updates} "
+            f"(epoch {state.loop.epoch:.2f}, {len(state.history)} epochs done)")
+    if verbose:
+        print(said, flush=True)
+    logger.info(said)
 
 
 def ready(state: TrainingState, made: FitData) -> tuple[SampleWeightedLoss | None, tuple | None]:
@@ -397,10 +438,12 @@ class FitMixin:
             epoch_updates = resume(state, params, made.source, fresh)  # from the checkpoint file
             if fresh:
                 epochs -= len(state.history)  # the epochs a resumed checkpoint trained
+                _say_resumed(state, params["checkpoint"], self.verbose)
             state.callbacks = callbacks  # the clones that run, kept with what they learn
             weighted, valid = ready(state, made)
             loop = FitLoop(self, state, checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every,
                            verbose=self.verbose, valid=valid, page=dashboard.opener(type(self).__name__, params, state),
+                           label=fit_label(self, params),
                            budgeted=not keep)
             self._training_state = state  # save_params from a callback saves this state, not the last fit's
             start = state.loop.n_updates

@@ -2,10 +2,12 @@
 
 import re
 
+import joblib
 import numpy as np
 import pytest
 import torch
 from sklearn.datasets import make_classification
+from sklearn.model_selection import GridSearchCV
 
 from adadamp import DaskClassifier
 from adadamp.callbacks import Callback, Checkpoint, EarlyStopping, ProgressBar
@@ -157,11 +159,11 @@ def test_verbose_tells_the_time_left_from_the_first_updates(client, data, capsys
     out = capsys.readouterr().out
     lines = out.splitlines()
     early = [i for i, line in enumerate(lines) if re.fullmatch(r"time left: about [\d.]+ s \(estimated from the "
-                                                               r"first ([1-9]|1[0-9]|20) updates\)", line)]
+                                                               r"first ([1-9]|1[0-9]|20) updates; fit [0-9a-f]{12}\)", line)]
     assert len(early) == 1  # once,
     assert early[0] < lines.index(_table(out)[0])  # before the first epoch's row
     first_row = _table(out)[1].split()
-    assert first_row[0] == "1" and first_row[-1] == "s"  # a number of seconds, not "-"
+    assert first_row[0] == "1" and first_row[-2] == "s"  # a number of seconds, not "-"
 
 
 def test_unknown_callback_name_is_rejected(data):
@@ -254,7 +256,7 @@ def test_time_left_follows_the_schedule_and_the_measured_update_time(client, dat
     assert time_left(state, 5) == pytest.approx(sum(base + per_example * b / workers for b in coming_batches(state, 5)))
     assert time_left(state, 5) > 0
     table = _table(capsys.readouterr().out)
-    assert table[0].split()[-2:] == ["time", "left"] and all(row.split()[-1] == "s" for row in table[1:])
+    assert table[0].split()[-3:] == ["time", "left", "fit"] and all(row.split()[-2] == "s" for row in table[1:])
 
 
 def test_time_left_is_not_set_by_a_slow_first_update_nor_a_growth_step():
@@ -301,3 +303,33 @@ def test_progress_bar_shows_the_schedules_batch_size():
         bar.on_epoch_end(None)
     assert trained == [32, 32, 3, 64, 3]
     assert shown == [32, 32, 32, 64, 64]
+
+
+def test_a_searchs_verbose_rows_name_their_fit(client, data, capsys):
+    """A search's fits print their rows interleaved: each fit says once which estimator it is, and
+    each of its rows ends with its id; the page's address is printed once per process."""
+    X, y = data
+    search = GridSearchCV(DaskClassifier(verbose=1, max_epochs=2, random_state=0), {"optimizer__lr": [1e-3, 3e-3]},
+                          cv=2, n_jobs=2)
+    with joblib.parallel_backend("threading"):
+        search.fit(X, y)
+    out = capsys.readouterr().out
+    named = dict(re.findall(r"^fit ([0-9a-f]{12}): (DaskClassifier\(.*\))$", out, re.MULTILINE))
+    rows = [line.split() for line in out.splitlines() if re.match(r"^\s+\d+\s", line)]
+    assert len(named) == 5, out  # 2 candidates x 2 folds, and the refit
+    assert all("optimizer__lr=" in label and "max_epochs=2" in label for label in named.values()), named
+    assert len(rows) == 5 * 2 and all(row[-1] in named for row in rows), out
+    assert {row[-1] for row in rows} == set(named)
+    assert sum("live training page" in line for line in out.splitlines()) <= 1, out
+
+
+def test_a_resumed_fit_says_from_where(client, data, tmp_path, capsys):
+    X, y = data
+    path = tmp_path / "fit.ckpt"
+    DaskClassifier(max_epochs=2, random_state=0, checkpoint=path).fit(X, y)
+    capsys.readouterr()
+    est = DaskClassifier(max_epochs=3, random_state=0, checkpoint=path, verbose=1).fit(X, y)
+    out = capsys.readouterr().out
+    said = re.search(r"resumed from the checkpoint fit\.ckpt at update (\d+) \(epoch 2\.00, 2 epochs done\)", out)
+    assert said, out
+    assert int(said.group(1)) == est.history_[1]["n_updates"]
