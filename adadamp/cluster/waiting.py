@@ -31,7 +31,8 @@ def pending_jobs(cluster, live_names: set[str]) -> list[str]:
         joined = any(n == str(name) or n.startswith(f"{name}-") for n in live_names)
         if job_id and not joined:
             ids.append(str(job_id))
-    return [_described(i, reasons) for reasons in [_squeue(ids)] for i in ids]
+    known = _squeue(ids)  # a job that runs without its worker is starting it, or retiring: not pending
+    return [_described(i, known) for i in ids if i not in known or known[i].startswith(("PENDING", "CONFIGURING"))]
 
 
 def _squeue(ids: list[str]) -> dict[str, str]:
