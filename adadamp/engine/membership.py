@@ -532,14 +532,11 @@ class Membership:
         """When the batch outgrows the workers training, take the workers on standby now, and,
         once per size, set up idle ones (waiting, bounded, for those a scaled cluster was asked for).
 
-        A fit alone waits for a size it has not trained at yet: its result is the same on fewer
-        workers, but its schedule was sized for these.  Among other fits it does not: while the cluster grows for all of them (measured:
+        A fit alone waits: its result is the same on fewer workers, but its schedule was sized for
+        these.  Among other fits it does not: while the cluster grows for all of them (measured:
         4 fits starting together waited 23-30 s for their second workers, with one each idle), it
         takes the workers there are now and those that start later at the looks after."""
         if len(self.workers) >= wanted:
-            # trained on as many: fewer later are losses (a worker's lifetime, a preemption), never
-            # waited for -- the fit goes on with those left while replacements start
-            self._waited_for = max(self._waited_for, wanted)
             return
         if self._waited_for < wanted:
             self._waited_for = wanted
