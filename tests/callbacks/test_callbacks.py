@@ -309,7 +309,7 @@ def test_a_searchs_verbose_rows_name_their_fit(client, data, capsys):
     """A search's fits print their rows interleaved: each fit says once which estimator it is, and
     each of its rows ends with its id; the page's address is printed once per process."""
     X, y = data
-    search = GridSearchCV(DaskClassifier(verbose=1, max_epochs=2, random_state=0), {"optimizer__lr": [1e-3, 3e-3]},
+    search = GridSearchCV(DaskClassifier(client=client, verbose=1, max_epochs=2, random_state=0), {"optimizer__lr": [1e-3, 3e-3]},
                           cv=2, n_jobs=2)
     with joblib.parallel_backend("threading"):
         search.fit(X, y)
