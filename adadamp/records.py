@@ -109,6 +109,7 @@ class GradientRequest:
     weights: np.ndarray | None = None  # float32; None: the worker reads them from shared memory, or keeps its own
     buffers: np.ndarray | None = None  # float32 running statistics the share starts from (None: the worker's own)
     fit_id: str = ""  # the fit whose state computes it (the RPC's; a channel serves one fit)
+    loss_scale: float = 1.0  # precision="16-mixed": the loss is multiplied by it before the backward pass
 
     def __post_init__(self):
         if isinstance(self.share, dict):  # as it crossed the RPC
@@ -194,12 +195,33 @@ class SetupRequest:
     dataset: bytes | None = field(default=None, repr=False)  # a lazy torch Dataset and how to load it (pickled)
     replica: ReplicaSettings | None = None  # all-reduce fits: the payload holds the optimizer too
     fuse: bool = False  # a request's several shards may be one forward pass (speed-based shares)
+    kit: TrainingKit | None = None  # precision and clipping (None: float32, no clipping)
 
     def __post_init__(self):
         if isinstance(self.replica, dict):  # as it crossed the RPC
             self.replica = ReplicaSettings(**self.replica)
+        if isinstance(self.kit, dict):
+            self.kit = TrainingKit(**self.kit)
         if isinstance(self.shared, dict):
             self.shared = ShmOffer(**self.shared)
+
+
+@dataclass(frozen=True)
+class TrainingKit:
+    """How each update is computed and stepped beyond the plain gradient: ``precision`` (a key of
+    :data:`adadamp.wire.precision.PRECISIONS`), ``clip_grad_norm`` (the gradient's largest global norm, as
+    :func:`torch.nn.utils.clip_grad_norm_` takes it; None: no clipping) and ``micro_batch_size``
+    (the most examples a worker passes forward and backward at once; None: its whole share);
+    ``compile``: the keyword arguments of :func:`torch.compile` for the workers' module (None: eager)."""
+
+    precision: str = "32-true"
+    clip_grad_norm: float | None = None
+    micro_batch_size: int | None = None
+    compile: dict | None = None
+
+    @property
+    def scales_loss(self) -> bool:
+        return self.precision == "16-mixed"
 
 
 @dataclass
@@ -383,6 +405,9 @@ class UpdateRecord:
     workers the update lost (dead, or not answering in ten times the others' time) and
     recomputed the shares of; ``lent`` the workers no fit wanted that the cluster's allocator lent
     to the update (:func:`~adadamp.cluster.division.lend`; only with ``shares="speed"``).
+    ``grad_norm`` (with ``clip_grad_norm``) is the batch's mean gradient's global norm before
+    clipping; ``skipped`` and ``loss_scale`` (``precision="16-mixed"``): 1 when the gradient was not
+    finite at the update's loss scale and the step was skipped, and that scale.
     """
 
     batch_size: int
@@ -403,6 +428,9 @@ class UpdateRecord:
     stragglers: list[int] | None = None
     lost: int | None = None
     lent: int | None = None
+    grad_norm: float | None = None
+    skipped: int | None = None
+    loss_scale: float | None = None
 
     def row(self) -> dict:
         """The record as a row of ``history_[i]["updates"]`` (a shallow dict: every field is a

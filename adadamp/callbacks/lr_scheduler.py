@@ -1,5 +1,5 @@
-"""The learning-rate schedule of a fit as a callback (:class:`LRScheduler`, skorch's), applied on top of
-the damper's learning-rate factor."""
+"""The learning-rate schedule of a fit as callbacks (:class:`LRScheduler`, skorch's; :class:`Warmup`),
+applied on top of the damper's learning-rate factor."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from ..wire.optimizer_plan import WARMUP_KEY
 from .base import Callback
 
 
@@ -147,3 +148,72 @@ class LRScheduler(Callback):
         return state
 
 
+class Warmup(Callback):
+    """A linear learning-rate warmup over the first ``updates`` model updates or ``epochs`` epochs.
+
+    The learning rate of update ``t`` is multiplied by ``start_factor + (1 - start_factor) *
+    min(1, t / updates)`` (or ``epochs`` seen, counted in examples, so a growing batch warms up
+    over the same data), as :class:`torch.optim.lr_scheduler.LinearLR` stepped once per update;
+    the factor multiplies whatever else sets the learning rate: the damper's factor (AdaScale's
+    gain, GeoDampLR's decay, a capped batch) and an :class:`LRScheduler`.  It is the gradual warmup
+    of Goyal et al. 2017 (Sec. 2.2): with the linear scaling rule (the learning rate of batch ``kB``
+    is ``k`` times that of batch ``B``) start from ``1/k`` of it over about 5 epochs (user guide,
+    "Training kit").  The factor is a function of the training clock, so ``partial_fit``, warm
+    starts and a resumed checkpoint continue it.
+
+    Parameters
+    ----------
+    updates : int or None, default=None
+        Model updates to warm up over.
+    epochs : float or None, default=None
+        Epochs to warm up over (exactly one of ``updates`` and ``epochs``).
+    start_factor : float, default=1/3
+        The first update's factor, in ``(0, 1]`` (``LinearLR``'s name and default).
+
+    Examples
+    --------
+    >>> from adadamp import DaskClassifier
+    >>> est = DaskClassifier(optimizer__lr=0.8, callbacks=[Warmup(epochs=5, start_factor=1 / 8)])
+    """
+
+    def __init__(self, updates: int | None = None, epochs: float | None = None, start_factor: float = 1 / 3):
+        self.updates = updates
+        self.epochs = epochs
+        self.start_factor = start_factor
+
+    def check_params(self) -> None:
+        if (self.updates is None) == (self.epochs is None):
+            raise ValueError(f"Warmup: give exactly one of updates= and epochs=; got updates={self.updates!r}, "
+                             f"epochs={self.epochs!r}.")
+        length = self.updates if self.epochs is None else self.epochs
+        if isinstance(length, bool) or not isinstance(length, int | float) or not 0 < length < math.inf:
+            raise ValueError(f"Warmup: updates= or epochs= must be a finite number > 0; got {length!r}.")
+        if isinstance(self.start_factor, bool) or not 0 < self.start_factor <= 1:
+            raise ValueError(f"Warmup: start_factor must be in (0, 1]; got {self.start_factor!r}.")
+
+    def factor(self) -> float:
+        """The next update's factor, from the training clock."""
+        done = self.loop_.n_updates / self.updates if self.epochs is None else self.loop_.epoch / self.epochs
+        return self.start_factor + (1.0 - self.start_factor) * min(1.0, done)
+
+    def on_train_begin(self, estimator, optimizer=None, loop=None, **info) -> None:
+        self.optimizer_, self.loop_ = optimizer, loop
+        self._set()
+
+    def on_update_end(self, estimator, **info) -> None:
+        self._set()
+
+    def _set(self) -> None:
+        value = self.factor()
+        for group in self.optimizer_.param_groups:
+            group[WARMUP_KEY] = value
+
+    def on_train_end(self, estimator, **info) -> None:
+        for group in self.optimizer_.param_groups:
+            group.pop(WARMUP_KEY, None)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for key in ("optimizer_", "loop_"):  # borrowed from the fit, not part of the callback
+            state.pop(key, None)
+        return state

@@ -28,7 +28,7 @@ from distributed import Client
 
 from ..cluster import policy as cl
 from ..data import DataSource
-from ..records import TrainingState
+from ..records import TrainingKit, TrainingState
 from .backends import Backend, get_backend
 from .loop import FitLoop
 
@@ -103,7 +103,7 @@ def _exit(backend: Backend, *exc) -> None:
 def train(
     loop: FitLoop, data: DataSource, epochs: int, epoch_updates: list, *, backend: str, device: str,
     client: Client | None, policy: cl.ClusterPolicy, criterion=None, kept: KeptBackend | None = None,
-    fresh: bool = True, keep: bool = False, owner=None,
+    fresh: bool = True, keep: bool = False, owner=None, kit: TrainingKit | None = None,
 ) -> KeptBackend | None:
     """Run ``epochs`` epochs of ``loop`` on a ``backend`` (a registered name); returns the backend
     kept suspended for the next call on the same data (``keep``, on a cluster of the user's), or None.
@@ -112,9 +112,9 @@ def train(
     process's fits, which keeps nothing.  ``kept``: the last call's backend, resumed when this call
     matches its key (a warm call, same client, policy, device, backend, optimizer and data), else
     closed.  ``criterion``: the workers' criterion, when not the state's (sample weights).
-    ``owner``: whose garbage collection closes a kept backend.
+    ``owner``: whose garbage collection closes a kept backend.  ``kit``: precision and clipping.
     """
-    call = _Call(loop, data, epochs, epoch_updates, backend, device, client, policy, criterion)
+    call = _Call(loop, data, epochs, epoch_updates, backend, device, client, policy, criterion, kit or TrainingKit())
     if epochs <= 0 or client is None or policy.shared:  # nothing is kept
         if kept is not None:
             kept.claim(None)  # closes it
@@ -139,9 +139,10 @@ class _Call:
     client: Client | None
     policy: cl.ClusterPolicy
     criterion: object = None
+    kit: TrainingKit = dataclasses.field(default_factory=TrainingKit)
 
     def open(self, client: Client, policy: cl.ClusterPolicy) -> Backend:
-        return _open(self.backend, client, policy, self.loop.state, self.data, self.device, self.criterion)
+        return _open(self.backend, client, policy, self.loop.state, self.data, self.device, self.criterion, self.kit)
 
     def run(self, backend: Backend) -> None:
         self.loop.run(backend, self.epochs, self.epoch_updates)
@@ -187,7 +188,7 @@ def _claim(call: _Call, kept: KeptBackend | None, *, fresh: bool, keep: bool) ->
     # hashes thousands of examples, so only a call that keeps or may resume a backend computes it)
     resume = kept is not None and not fresh
     state = call.loop.state
-    key = (call.client, call.policy, call.device, call.backend, type(state.optimizer), call.data.token()) if keep or resume else None
+    key = (call.client, call.policy, call.device, call.backend, call.kit, type(state.optimizer), call.data.token()) if keep or resume else None
     claimed = kept.claim(key if resume else None) if kept is not None else None
     return claimed, key
 
@@ -209,7 +210,7 @@ def _resume_or_open(call: _Call, claimed: Backend | None) -> Backend:
 
 
 def _open(name: str, client: Client, policy: cl.ClusterPolicy, state: TrainingState, data: DataSource,
-          device: str, criterion=None) -> Backend:
+          device: str, criterion=None, kit: TrainingKit | None = None) -> Backend:
     return get_backend(name)(
         client,
         module=state.module,
@@ -220,4 +221,5 @@ def _open(name: str, client: Client, policy: cl.ClusterPolicy, state: TrainingSt
         data=data,
         policy=policy,
         device=device,
+        kit=kit,
     )

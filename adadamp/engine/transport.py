@@ -129,7 +129,7 @@ class Transport:
     def round(
         self, requests: list[ShareRequest], n_chunks: int, weights: np.ndarray | None, on_reply,
         buffers: np.ndarray | None = None, *, patient: set[str] | frozenset = frozenset(),
-        expected: float | None = None, on_late=None,
+        expected: float | None = None, on_late=None, loss_scale: float = 1.0,
     ) -> tuple[list, float]:
         """Send every worker its share, then collect the replies as they come in.
 
@@ -140,7 +140,8 @@ class Transport:
         :data:`SEND_AHEAD_BYTES` or more they are written on a thread while the replies are read.
         A worker may have several requests (a channel serves them in order).  ``on_reply(request, reply)`` runs for each good reply
         as soon as it is in.  ``buffers``: the running statistics every share starts from
-        (float32; None: each worker keeps its own).
+        (float32; None: each worker keeps its own).  ``loss_scale``: what the workers multiply
+        the loss by before the backward pass (``precision="16-mixed"``).
 
         A channel worker that stops answering is given up (a ``TimeoutError`` reply) after
         ``update_timeout``, or sooner when it answered earlier updates (it is not in ``patient``,
@@ -159,7 +160,7 @@ class Transport:
         rpc_calls, rpc_slots, to_send = [], [], []
         for i, r in enumerate(requests):
             payload = None if weights is None or self.maps_weights(r.worker) else weights
-            request = GradientRequest(r, n_chunks, payload, buffers, self.fit_id)
+            request = GradientRequest(r, n_chunks, payload, buffers, self.fit_id, loss_scale=loss_scale)
             channel = self.channels.get(r.worker)
             if channel is None:
                 rpc_sent += request.nbytes()

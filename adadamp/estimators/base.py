@@ -24,6 +24,7 @@ from ..cluster import pickled_client
 from ..cluster import policy as cl
 from ..data import Labels, Values
 from ..engine.backends import backend_names
+from ..wire.precision import PRECISIONS
 from . import fitting, parameters
 from .fitting import FitMixin, is_fitted
 from .predicting import ClassifierPredictMixin, RegressorPredictMixin
@@ -38,6 +39,9 @@ _PARAMETER_HINTS = {
     "backend": "Use 'allreduce' for large models on many workers, 'parameter-server' (the default) otherwise.",
     "checkpoint_every": "It counts model updates.",
     "dataset_threads": "It counts threads per worker.",
+    "precision": "'bf16-mixed' and '16-mixed' run the forward pass under torch.autocast (Lightning's names).",
+    "micro_batch_size": "It counts examples per forward and backward pass on one worker; None: a worker's whole share at once.",
+    "clip_grad_norm": "It is the largest global norm of the batch's gradient (torch.nn.utils.clip_grad_norm_); None: no clipping.",
     "shares": "Use 'speed' on a cluster whose workers differ in speed, 'equal' (the default) for bitwise reproducibility.",
 }
 
@@ -82,6 +86,34 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
     device : str, default="cpu"
         Where the workers compute ("cuda" for their GPU).  The client side
         always stays on the CPU.
+    precision : {"32-true", "bf16-mixed", "16-mixed"}, default="32-true"
+        Lightning's names.  "Mixed": the workers' forward pass and loss run
+        under ``torch.autocast`` in bfloat16 or float16; the weights, the
+        optimizer and the summed gradient stay float32.  "16-mixed" scales
+        the loss as ``torch.amp.GradScaler`` does (a step whose gradient is
+        not finite is skipped, ``history_``'s update rows say so; the scale
+        is saved with the optimizer); parameter server only for now.  User
+        guide, "Training kit".
+    clip_grad_norm : float or None, default=None
+        Clip the batch's mean gradient to this global norm before each
+        step, as ``torch.nn.utils.clip_grad_norm_`` does in a single
+        process (the norm of the whole batch's gradient, whatever the
+        workers); the update rows record ``grad_norm`` before clipping.
+    micro_batch_size : int or None, default=None
+        The most examples a worker passes forward and backward at once
+        (DeepSpeed's name): a larger share of the batch is accumulated
+        over several passes, so a worker's memory stays that of one pass
+        while the batch grows past what the cluster adds workers for.  The
+        gradient is the same sum (bitwise the same for the same seed and
+        workers); BatchNorm normalizes per pass and dropout draws per pass.
+        None: a worker's whole share in one pass.
+    compile : bool, default=False
+        Run the workers' module through ``torch.compile`` (skorch's name),
+        with the ``compile__*`` parameters (``compile__mode``,
+        ``compile__backend``, ...).  Each worker compiles once per fit, its
+        batch dimension dynamic, so a growing batch, micro-batches and an
+        epoch's ragged last batch need no new compilation; ``predict``
+        runs the plain module on the client.
     backend : {"parameter-server", "allreduce"}, default="parameter-server"
         How the workers train (user guide, "Backends").  ``"parameter-server"``:
         the client holds the weights, sends them each update and steps (best
@@ -179,7 +211,7 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         updates, and one line per epoch.
     **kwargs
         Routed parameters: ``module__*``, ``criterion__*``, ``optimizer__*``,
-        ``batch_size__*``, ``callbacks__*``.
+        ``batch_size__*``, ``callbacks__*``, ``compile__*``.
 
     Attributes
     ----------
@@ -232,6 +264,10 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         "max_epochs": (parameters.Integer(1),),
         "warm_start": (parameters.Boolean(),),
         "device": (parameters.TorchDevice(),),
+        "precision": (parameters.OneOf(lambda: PRECISIONS),),
+        "clip_grad_norm": (None, parameters.Positive()),
+        "micro_batch_size": (None, parameters.Integer(1)),
+        "compile": (parameters.Boolean(),),
         "backend": (parameters.OneOf(backend_names),),
         "grads_per_worker": (parameters.Integer(1),),
         "min_workers": (parameters.Integer(1),),
@@ -259,6 +295,10 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         warm_start: bool = False,
         random_state=None,
         device: str = "cpu",
+        precision: str = "32-true",
+        clip_grad_norm: float | None = None,
+        micro_batch_size: int | None = None,
+        compile: bool = False,
         backend: str = "parameter-server",
         client=None,
         grads_per_worker: int = 128,
@@ -289,6 +329,10 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         self.warm_start = warm_start
         self.random_state = random_state
         self.device = device
+        self.precision = precision
+        self.clip_grad_norm = clip_grad_norm
+        self.micro_batch_size = micro_batch_size
+        self.compile = compile
         self.backend = backend
         self.client = client
         self.grads_per_worker = grads_per_worker

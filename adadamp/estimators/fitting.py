@@ -37,7 +37,7 @@ from ..engine import session
 from ..engine.loop import FitLoop
 from ..exceptions import ConvergenceError, FitInterrupted, NoWorkersError, SchedulerLostError
 from ..modules import MLP
-from ..records import TrainingState
+from ..records import TrainingKit, TrainingState
 from ..sample_weight import SampleWeightedLoss
 from ..wire import optimizer_plan
 from ..wire.seeding import seeded
@@ -157,6 +157,17 @@ def check_output_shape(
 def check_params(params: Mapping) -> list:
     """The checks of the parameters that their constraint table (:mod:`adadamp.estimators.parameters`) does
     not express; returns the fit's callbacks, resolved (:func:`adadamp.callbacks.resolve`: clones)."""
+    if params["precision"] == "16-mixed" and params["backend"] == "allreduce":
+        raise ValueError(
+            "precision='16-mixed' (float16 with loss scaling) runs on backend='parameter-server' only for now; "
+            "use precision='bf16-mixed' with backend='allreduce' (no loss scale needed), or backend='parameter-server'."
+        )
+    compile_kwargs = routed(params, "compile")
+    unknown = set(compile_kwargs) - set(inspect.signature(torch.compile).parameters) - {"model"}
+    if unknown:
+        name = min(unknown)
+        raise ValueError(f"compile__{name}: torch.compile has no parameter {name!r}; it takes "
+                         f"{sorted(set(inspect.signature(torch.compile).parameters) - {'model'})}.")
     if params["checkpoint_every"] is not None and params["checkpoint"] is None:
         raise ValueError(f"checkpoint_every={params['checkpoint_every']} needs a checkpoint file: pass checkpoint='fit.ckpt'.")
     resolved = resolve_callbacks(params["callbacks"], routed(params, "callbacks"))
@@ -179,6 +190,13 @@ def check_params(params: Mapping) -> list:
     return resolved
 
 
+def kit(params: Mapping) -> TrainingKit:
+    """The fit's precision, clipping and micro-batches."""
+    clip, micro = params["clip_grad_norm"], params["micro_batch_size"]
+    return TrainingKit(params["precision"], None if clip is None else float(clip), None if micro is None else int(micro),
+                       routed(params, "compile") if params["compile"] else None)
+
+
 def draw_seed(random_state) -> int:
     """A fresh fit's seed: from ``random_state``, or (None) from torch's global generator, so that
     ``torch.manual_seed`` makes fits reproducible as it makes a PyTorch script (and skorch)."""
@@ -191,8 +209,10 @@ def fingerprint(params: Mapping, data) -> dict:
     """What decides a fit's trajectory (:func:`adadamp.checkpoint.fingerprint`): the training data
     and the parameters that shape it (not ``max_epochs``, nor the callbacks)."""
     keys = ("module", "criterion", "optimizer", "batch_size", "random_state", "validation_fraction")
-    params = {k: v for k, v in params.items() if k in keys or parameters.routed_prefix(k)}
-    params = {k: v for k, v in params.items() if not k.startswith("callbacks__")}
+    # the kit's math (not micro_batch_size: a resumed job may bound its passes as its devices need)
+    kit = {k: params[k] for k in ("precision", "clip_grad_norm") if params.get(k) not in (None, "32-true")}
+    params = {k: v for k, v in params.items() if k in keys or parameters.routed_prefix(k)} | kit
+    params = {k: v for k, v in params.items() if not k.startswith(("callbacks__", "compile__"))}
     return checkpoint.fingerprint(data.X, data.y, params)
 
 
@@ -451,6 +471,7 @@ class FitMixin:
                 self._kept_backend = session.train(
                     loop, made.source, epochs, epoch_updates, backend=self.backend, device=str(self.device),
                     client=client, policy=policy, criterion=weighted, fresh=fresh, keep=keep, owner=self,
+                    kit=kit(params),
                     kept=self.__dict__.pop("_kept_backend", None),  # one call at a time uses it
                 )
             except (ConvergenceError, NoWorkersError, SchedulerLostError, FitInterrupted):

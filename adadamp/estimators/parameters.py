@@ -26,7 +26,7 @@ from ..dampers import BaseDamper
 from ..exceptions import InvalidParameterError
 
 #: The prefixes whose ``prefix__name`` parameters go to the object built from ``prefix``.
-ROUTED = ("module", "criterion", "optimizer", "batch_size", "callbacks")
+ROUTED = ("module", "criterion", "optimizer", "batch_size", "callbacks", "compile")
 
 
 def routed_prefix(key: str) -> str | None:
@@ -149,6 +149,16 @@ class Seconds:
 
     def describe(self, params: Mapping) -> str:
         return f"a finite number of seconds {'>' if self.strict else '>='} 0"
+
+
+class Positive:
+    """A finite number ``> 0``."""
+
+    def accepts(self, value, params: Mapping) -> bool:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+    def describe(self, params: Mapping) -> str:
+        return "a finite number > 0"
 
 
 class Unit:

@@ -58,8 +58,9 @@ from ..records import GradientReply, GradientRequest, ShareRequest
 # 1 to have the gradient in the reply even where it would go to shared memory (else 0), number of
 # float32 running statistics (BatchNorm buffers) the share starts from (0: keep the worker's),
 # number of int64 "plan" values (an all-reduce request: its batches.BatchPlan as a vector), number
-# of int64 "parts" values (a request of several shards: (dropout seed, example count) per shard).
-REQUEST = struct.Struct("<qqqqqqqqqqq")
+# of int64 "parts" values (a request of several shards: (dropout seed, example count) per shard),
+# then the loss scale (float64; 1.0 but with precision="16-mixed").
+REQUEST = struct.Struct("<qqqqqqqqqqqd")
 # An all-reduce request whose numbers fit is packed tighter (the same step and plan vectors, about 60
 # bytes instead of 88 plus 8 per value): its first int64 is UPDATE_TAG where a request has its index
 # count, then UPDATE: the update, the update whose step to take first, the batch's start (int64);
@@ -328,7 +329,7 @@ class ChannelServer:
             return False
         rest = bytearray(REQUEST.size - 8)
         recv_exactly(conn, memoryview(rest))
-        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, n_step, in_reply, n_buffers, n_plan, n_parts = (
+        n_idx, n_chunks, seed, n_weights, epoch, n_ahead, n_step, in_reply, n_buffers, n_plan, n_parts, loss_scale = (
             REQUEST.unpack(first + rest)
         )
         if (
@@ -341,6 +342,7 @@ class ChannelServer:
             or not 0 <= n_plan <= MAX_PLAN
             or not 0 <= n_parts <= MAX_PARTS
             or n_parts % 2
+            or not 0.0 < loss_scale < float("inf")
         ):
             raise ValueError(f"malformed request ({n_idx}+{n_ahead} indices, {n_chunks} chunks, {n_weights} weights)")
         indices = np.empty(n_idx + n_ahead, dtype=np.int64)
@@ -368,7 +370,7 @@ class ChannelServer:
             recv_exactly(conn, _as_bytes(self._weights))
             weights = self._weights
         share = ShareRequest("", seed, indices, epoch, ahead, step, in_reply=bool(in_reply), plan=plan, parts=parts)
-        return self._answer(conn, GradientRequest(share, n_chunks, weights, buffers))
+        return self._answer(conn, GradientRequest(share, n_chunks, weights, buffers, loss_scale=loss_scale))
 
     def _serve_update(self, conn: socket.socket) -> bool:
         """An all-reduce request packed by :func:`pack_update`: computed as the step and plan vectors it stands for."""
@@ -515,6 +517,7 @@ class Channel:
         header = REQUEST.pack(
             len(r.indices), request.n_chunks, r.seed, 0 if weights is None else weights.size, r.epoch, len(ahead),
             len(step), int(r.in_reply), 0 if buffers is None else buffers.size, plan.size, parts.size,
+            float(request.loss_scale),
         )
         chunks = [header, _as_bytes(both)] + [_as_bytes(a) for a in (step, plan, parts) if a.size]
         chunks += [] if buffers is None else [_as_bytes(np.ascontiguousarray(buffers, dtype=np.float32))]
@@ -553,6 +556,6 @@ class Channel:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
+            self.sock.sendall(REQUEST.pack(-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0))
         with contextlib.suppress(OSError):
             self.sock.close()

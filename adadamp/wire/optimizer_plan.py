@@ -4,7 +4,8 @@ A plan (:class:`adadamp.dampers.UpdatePlan`) carries a learning-rate factor,
 a momentum and a momentum-buffer scale.  The learning-rate factor multiplies
 every param group's base ``lr`` (``adadamp_base_lr``), or the learning rate an
 :class:`~adadamp.callbacks.LRScheduler` callback scheduled from it
-(``adadamp_scheduled_lr``).  Momentum and the buffer are defined per
+(``adadamp_scheduled_lr``), times a :class:`~adadamp.callbacks.Warmup` callback's factor
+(``adadamp_warmup``).  Momentum and the buffer are defined per
 family, by the keys the optimizer's param groups have:
 
 ========================  ==========================  ===========================
@@ -28,7 +29,10 @@ import warnings
 
 import torch
 
-__all__ = ["apply_plan", "apply_settings", "check_supported", "group_settings", "lr_family"]
+__all__ = ["WARMUP_KEY", "apply_plan", "apply_settings", "check_supported", "group_settings", "lr_family"]
+
+#: A param group's key for the learning-rate warmup's factor (:class:`adadamp.callbacks.Warmup`).
+WARMUP_KEY = "adadamp_warmup"
 
 
 def _family(defaults: dict) -> str | None:
@@ -89,7 +93,7 @@ def apply_plan(optimizer: torch.optim.Optimizer, plan, scale_buffers: bool = Tru
     if scale_buffers:
         _scale_buffers(optimizer, plan.momentum_buffer_scale)
     for group in optimizer.param_groups:
-        group["lr"] = group.get("adadamp_scheduled_lr", group["adadamp_base_lr"]) * plan.lr_factor
+        group["lr"] = group.get("adadamp_scheduled_lr", group["adadamp_base_lr"]) * group.get(WARMUP_KEY, 1.0) * plan.lr_factor
         if plan.momentum is not None:
             if adam:
                 group["betas"] = (plan.momentum, group["betas"][1])

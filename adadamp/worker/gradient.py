@@ -7,6 +7,7 @@ result does not depend on how the batch was split.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from ..exceptions import ShareTooSmallError
 from ..records import GradientReply, examples_digest
 from ..sample_weight import SampleWeightedLoss
 from ..wire.parameters import exact_squared_norm
+from ..wire.precision import autocast
 from ..wire.seeding import generator_state, seeded
 from .state import FitState
 
@@ -36,6 +38,7 @@ def share_gradient(
     in_reply: bool = False,
     buffers: np.ndarray | None = None,
     parts: np.ndarray | None = None,
+    loss_scale: float = 1.0,
 ) -> GradientReply:
     """The gradient sum over ``indices`` at ``weights`` (None: already in place).
 
@@ -54,7 +57,8 @@ def share_gradient(
     (``grad`` is None when it went to shared memory, unless ``in_reply``: this worker computes
     several shards of the update, and the next one's gradient overwrites that memory) and the
     example count, the loss sum, the examples' digest and, with ``n_chunks`` (:func:`gradient_sum`), the chunk
-    statistics AdaScale needs.
+    statistics AdaScale needs.  ``loss_scale`` (``precision="16-mixed"``) multiplies the loss
+    before the backward pass: the gradient sum comes back scaled, the loss and the statistics not.
     """
     with state.lock:
         state.last_used = time.monotonic()
@@ -68,11 +72,12 @@ def share_gradient(
             set_buffers(state.buffers, torch.from_numpy(buffers))
         running = None
         if parts is None:
-            n, weight, loss_sum, sq_sum, n_stat_chunks = gradient_sum(state, X, y, n_chunks, seed)
+            n, weight, loss_sum, sq_sum, n_stat_chunks = gradient_sum(state, X, y, n_chunks, seed, scale=loss_scale)
         else:
             start_buffers = flat_buffers(state.buffers) if state.buffers else None
             (n, weight, loss_sum, sq_sum, n_stat_chunks), running = shards_sum(
-                state, X, y, n_chunks, np.asarray(parts, dtype=np.int64).reshape(-1, 2), start_buffers
+                state, X, y, n_chunks, np.asarray(parts, dtype=np.int64).reshape(-1, 2), start_buffers,
+                scale=loss_scale,
             )
             n, n_stat_chunks = int(n), int(n_stat_chunks)
         if in_reply:
@@ -109,6 +114,7 @@ def _reply_buffers(state: FitState, running: torch.Tensor | None, n: int) -> np.
 def shards_sum(
     state: FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, parts: np.ndarray,
     start: torch.Tensor | None, before_last: Callable[[ChunkStatistic | None], None] | None = None,
+    scale: float = 1.0,
 ) -> tuple[list[float], torch.Tensor | None]:
     """The gradient sum over consecutive shards of ``X, y`` (rows ``(dropout seed, example count)``
     of ``parts``), in ``state.grads``; returns the summed scalars of :func:`gradient_sum` and the
@@ -135,7 +141,8 @@ def shards_sum(
         shard = slice(offset, offset + count)
         offset += count
         last = before_last if i == len(parts) - 1 else None
-        result = gradient_sum(state, X[shard], y[shard], n_chunks, seed, accumulate=i > 0, before_backward=last)
+        result = gradient_sum(state, X[shard], y[shard], n_chunks, seed, accumulate=i > 0, before_backward=last,
+                              scale=scale)
         sums = [a + b for a, b in zip(sums, result)]
         if running is not None:  # BatchNorm: one running average whatever the split
             running += flat_buffers(state.buffers) * result[0]
@@ -158,7 +165,7 @@ def set_buffers(buffers: list[torch.Tensor], values: torch.Tensor) -> None:
 
 def gradient_sum(
     state: FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, seed: int, accumulate: bool = False,
-    before_backward: Callable[[ChunkStatistic | None], None] | None = None,
+    before_backward: Callable[[ChunkStatistic | None], None] | None = None, scale: float = 1.0,
 ) -> tuple:
     """Accumulate the gradient SUM over ``X, y`` into ``state.grads`` (zeroed first, unless
     ``accumulate``: a replica's next shard of the same update adds its sum to the last's).
@@ -174,6 +181,11 @@ def gradient_sum(
     share, with nothing to follow): whoever changes ranges of ``state.grads`` as that pass fills
     them (an all-reduce started per bucket) reads each range into ``statistic`` first
     (:meth:`ChunkStatistic.read`; None when no statistics were asked for).
+
+    The forward pass and the loss run under the fit's precision (:func:`~adadamp.wire.precision.autocast`);
+    ``scale`` multiplies the loss before the backward pass (float16's loss scaling: the gradient is
+    summed scaled, the statistics are of the unscaled gradient).  A share of more than the fit's
+    ``micro_batch_size`` examples is accumulated over several passes (:func:`_micro_batches`).
     """
     n = len(X)
     if not accumulate:
@@ -183,16 +195,70 @@ def gradient_sum(
             before_backward(None)
         return 0, 0.0, 0.0, 0.0, 0
     before = state.grads.clone() if accumulate and n_chunks else None  # the statistics are this share's
-    out = _seeded_forward(state, X, seed)  # one forward: BatchNorm sees the share once
-    loss, weight = _loss_sum(state.criterion, out, y, n)
-    first = _first_half_gradient(state, out, y, n) if n_chunks > 1 and n > 1 else None
-    statistic = ChunkStatistic(state.grads, n, before, first) if n_chunks else None
+    micro = state.kit.micro_batch_size
+    if micro is not None and n > micro:
+        return _micro_batches(state, X, y, n_chunks, seed, before, before_backward, scale, micro)
+    with autocast(state.device, state.kit.precision):
+        out = _seeded_forward(state, X, seed)  # one forward: BatchNorm sees the share once
+        loss, weight = _loss_sum(state.criterion, out, y, n)
+        first = _first_half_gradient(state, out, y, n, scale) if n_chunks > 1 and n > 1 else None
+    statistic = ChunkStatistic(state.grads, n, before, first, scale) if n_chunks else None
     if before_backward is not None:
         before_backward(statistic)
-    loss.backward()  # the trained gradient: the same with or without statistics
+    (loss if scale == 1.0 else loss * scale).backward()  # the trained gradient: the same with or without statistics
     if statistic is None:
         return n, weight, float(loss.detach()), 0.0, 0
     return n, weight, float(loss.detach()), statistic.total(), statistic.n_chunks
+
+
+def _micro_batches(
+    state: FitState, X: torch.Tensor, y: torch.Tensor, n_chunks: int, seed: int, before: torch.Tensor | None,
+    before_backward: Callable[[ChunkStatistic | None], None] | None, scale: float, micro: int,
+) -> tuple:
+    """:func:`gradient_sum` over passes of at most ``micro`` examples (gradient accumulation), so a
+    worker's memory is one pass's whatever its share: DeepSpeed's micro-batch, AdaptDL's
+    accumulation when the batch outgrows what the devices hold.
+
+    The passes are fixed by the share's size alone (near-equal, consecutive), so the same seed and
+    worker count give bitwise the same gradient; pass ``k`` draws its dropout masks from a seed of
+    its own.  With two chunk statistics the halves are passes of their own: the first half's
+    gradient is read off between them, with no extra backward pass.  ``before_backward`` runs
+    before the last pass's backward (the gradient is complete only then).
+    """
+    n = len(X)
+    half = n // 2 if n_chunks > 1 else n
+    cuts = [c for lo, hi in ((0, half), (half, n)) if hi > lo for c in _cuts(lo, hi, micro)]
+    loss_sum, weight, first = 0.0, 0.0, None
+    for k, (lo, hi) in enumerate(cuts):
+        with autocast(state.device, state.kit.precision):
+            out = _seeded_forward(state, X[lo:hi], seed if k == 0 else _pass_seed(seed, k))
+            loss, w = _loss_sum(state.criterion, out, y[lo:hi], hi - lo)
+        if k == len(cuts) - 1 and before_backward is not None:
+            before_backward(ChunkStatistic(state.grads, n, before, first, scale) if n_chunks else None)
+        (loss if scale == 1.0 else loss * scale).backward()
+        loss_sum, weight = loss_sum + float(loss.detach()), weight + w
+        if n_chunks > 1 and hi == half:  # the first half's gradient sum, for the statistics
+            first = (state.grads if before is None else state.grads - before).double()
+    if not n_chunks:
+        return n, weight, loss_sum, 0.0, 0
+    statistic = ChunkStatistic(state.grads, n, before, first, scale)
+    return n, weight, loss_sum, statistic.total(), statistic.n_chunks
+
+
+def _cuts(lo: int, hi: int, micro: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` in the fewest near-equal passes of at most ``micro`` examples.
+
+    >>> _cuts(0, 10, 4)
+    [(0, 4), (4, 7), (7, 10)]
+    """
+    k = -(-(hi - lo) // micro)
+    bounds = [lo + ((hi - lo) * i + k - 1) // k for i in range(k + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+def _pass_seed(seed: int, k: int) -> int:
+    """The dropout seed of a share's ``k``-th pass (k >= 1): distinct from the share's and its other passes'."""
+    return int(np.random.SeedSequence([seed % 2**63, k]).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
 class ChunkStatistic:
@@ -201,12 +267,13 @@ class ChunkStatistic:
 
     The share is one chunk (``first`` None) or two halves, the first's gradient sum ``first``;
     ``before`` is what the gradient held before this share's backward pass (earlier shards of the
-    same update), subtracted.  Ranges read once the backward pass filled them let an all-reduce
+    same update), subtracted; ``scale``, the loss scale the gradients were computed at, divided out.  Ranges read once the backward pass filled them let an all-reduce
     start there during that pass; :meth:`total` reads the rest.
     """
 
-    def __init__(self, grads: torch.Tensor, n: int, before: torch.Tensor | None, first: torch.Tensor | None):
-        self.grads, self.n, self.before, self.first = grads, n, before, first
+    def __init__(self, grads: torch.Tensor, n: int, before: torch.Tensor | None, first: torch.Tensor | None,
+                 scale: float = 1.0):
+        self.grads, self.n, self.before, self.first, self.scale = grads, n, before, first, scale
         self.n_chunks = 1 if first is None else 2
         # squared norms (float64, on the gradient's device until the total): the whole share's
         # (or its first half's), the second half's
@@ -230,7 +297,7 @@ class ChunkStatistic:
             if lo > end:
                 self.read(end, lo)
             end = max(end, hi)
-        whole, second = (float(s) for s in self._sums)
+        whole, second = (float(s) / self.scale**2 for s in self._sums)
         if self.first is None:
             return whole / self.n
         m = self.n // 2
@@ -248,7 +315,7 @@ def _seeded_forward(state: FitState, X: torch.Tensor, seed: int) -> torch.Tensor
     """
     if state.forward_draws is False:
         before = generator_state()  # seeded loads between the two looks restore what they change
-        out = _forward(state.module, X)
+        out = _forward(state, X)
         if not torch.equal(before, generator_state()):
             state.forward_draws = state.draws = True
             logger.warning("the module drew random numbers in a forward pass after its first drew none; "
@@ -256,7 +323,7 @@ def _seeded_forward(state: FitState, X: torch.Tensor, seed: int) -> torch.Tensor
         return out
     with seeded(seed, state.device):
         before = torch.default_generator.get_state() if state.forward_draws is None else None
-        out = _forward(state.module, X)
+        out = _forward(state, X)
         if before is not None:
             lazy = state.loader is not None and not state.loader.cache and state.device.type == "cpu"
             draws = not torch.equal(before, torch.default_generator.get_state())
@@ -276,10 +343,21 @@ def examples(state: FitState, indices, epoch: int, ahead) -> tuple[torch.Tensor,
 _BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
 
 
-def _forward(module: torch.nn.Module, X: torch.Tensor) -> torch.Tensor:
-    """``module(X)``; a one-example share that a training-mode BatchNorm cannot take is named as such."""
+def _forward(state: FitState, X: torch.Tensor) -> torch.Tensor:
+    """``module(X)`` (compiled, ``compile=True``); a one-example share that a training-mode BatchNorm
+    cannot take is named as such.
+
+    A compiled module sees its batch dimension marked dynamic (unless ``compile__dynamic=False``):
+    one compilation serves every share size of a growing batch, micro-batch and ragged last batch,
+    where a static first graph would be compiled again at the first new size.
+    """
+    module = state.module
     try:
-        return module(X)
+        if state.compiled is None:
+            return module(X)
+        if state.kit.compile.get("dynamic") is not False and X.dim() and len(X) > 1:
+            torch._dynamo.mark_dynamic(X, 0)
+        return state.compiled(X)
     except ValueError as err:
         if len(X) == 1 and module.training and any(isinstance(m, _BATCH_NORMS) for m in module.modules()):
             raise ShareTooSmallError(
@@ -327,7 +405,8 @@ def _loss_sum(criterion, out, y, n: int) -> tuple[torch.Tensor, float]:
     ):
         return criterion(out, y) * n, float(n)
     kept = y != ignore
-    per_target = torch.ones_like(y, dtype=out.dtype) if weights is None else weights.to(out.dtype)[y.clamp(min=0)]
+    dtype = torch.promote_types(out.dtype, torch.float32)  # a bfloat16 sum of weights would round
+    per_target = torch.ones_like(y, dtype=dtype) if weights is None else weights.to(dtype)[y.clamp(min=0)]
     original = criterion.reduction
     criterion.reduction = "sum"
     try:
@@ -337,7 +416,7 @@ def _loss_sum(criterion, out, y, n: int) -> tuple[torch.Tensor, float]:
     return total, float((per_target * kept).sum())
 
 
-def _first_half_gradient(state: FitState, out, y, n: int) -> torch.Tensor:
+def _first_half_gradient(state: FitState, out, y, n: int, scale: float = 1.0) -> torch.Tensor:
     """The gradient sum of the share's first ``n // 2`` examples, from the share's one forward pass.
 
     An extra backward of that half's loss (the graph is kept for the full
@@ -347,5 +426,5 @@ def _first_half_gradient(state: FitState, out, y, n: int) -> torch.Tensor:
     m = n // 2
     params = [p for p in state.module.parameters() if p.requires_grad]
     half, _ = _loss_sum(state.criterion, out[:m], y[:m], m)
-    grads = torch.autograd.grad(half, params, retain_graph=True, allow_unused=True)
+    grads = torch.autograd.grad(half * scale, params, retain_graph=True, allow_unused=True)
     return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double() for g, p in zip(grads, params)])

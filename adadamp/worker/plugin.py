@@ -48,10 +48,11 @@ from ..records import (
     SetupReply,
     SetupRequest,
     StepVector,
+    TrainingKit,
     to_message,
 )
 from ..wire.channel import IDLE_TIMEOUT, ChannelServer, channel_host
-from ..wire.parameters import bind_parameters, examples_independent, flatten_parameters, float_buffers
+from ..wire.parameters import bind_parameters, examples_independent, flatten_parameters, float_buffers, with_attributes
 from ..wire.shm import attach, attach_data
 from . import groups as kept_groups
 from .gradient import share_gradient
@@ -222,7 +223,9 @@ class Trainer:
             module.train()
             flat, grads = flatten_parameters(module)
             state = FitState(module, criterion, device, flat, grads, int(setup.n_total), buffers=float_buffers(module),
-                             fuse=bool(setup.fuse) and examples_independent(module))
+                             fuse=bool(setup.fuse) and examples_independent(module), kit=setup.kit or TrainingKit())
+            if state.kit.compile is not None:  # compiled at the first forward pass, once per worker per fit
+                state.compiled = torch.compile(module, **state.kit.compile)
             if setup.dataset is not None:
                 state.loader = ExampleLoader(**self._unpickle(setup.dataset, "the Dataset"), where=where)
             mapped = None if shared is None or replica is not None else attach(shared, flat.numel())
@@ -230,7 +233,7 @@ class Trainer:
                 data = attach_data(shared) if shared is not None and device.type == "cpu" else None
                 if data is not None:
                     state.data.share(*data)
-                state.replica = Replica(state, optimizer[0], fit_id=fit_id, worker=self.worker,
+                state.replica = Replica(state, with_attributes(*optimizer), fit_id=fit_id, worker=self.worker,
                                         **to_message(replica))
             if mapped is not None:
                 weights, gradient = (torch.from_numpy(a) for a in mapped)
@@ -418,4 +421,4 @@ def compute(state: FitState, request: GradientRequest) -> GradientReply:
     buffers = None if request.buffers is None else np.asarray(request.buffers)
     parts = None if r.parts is None else np.asarray(r.parts)
     return share_gradient(state, request.weights, np.asarray(r.indices), request.n_chunks, r.seed, r.epoch, ahead,
-                          r.in_reply, buffers, parts)
+                          r.in_reply, buffers, parts, loss_scale=float(request.loss_scale))

@@ -115,6 +115,9 @@ class Replica(GroupMember):
                 return
             raise RuntimeError(f"replica at update {self.applied} (pending {self.pending}) cannot take step {update}")
         apply_settings(self.optimizer, step.settings, step.buffer_scale)
+        clip = self.state.kit.clip_grad_norm
+        if clip is not None:  # every replica holds the same mean gradient: the same clip
+            torch.nn.utils.clip_grad_norm_(trainable(self.state.module), clip)
         self.optimizer.step()
         self.applied, self.pending = update + 1, None
 

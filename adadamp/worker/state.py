@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..records import Block
+from ..records import Block, TrainingKit
 from ..wire.channel import ChannelServer
 from .loading import ExampleLoader
 from .resident import ResidentData
@@ -42,6 +42,8 @@ class FitState:
     draws: bool | None = None  # whether its first forward drew any (None: not seen; forward_draws also says "seed")
     fuse: bool = False  # several shards of a request may be one forward pass (speed shares, independent examples)
     replica: Any = None  # an all-reduce fit: this worker's Replica (optimizer and process group)
+    kit: TrainingKit = field(default_factory=TrainingKit)  # precision, clipping, micro-batches, compiling
+    compiled: Any = None  # kit.compile: torch.compile(module), which the forward passes call
 
     def __post_init__(self):
         if self.data is None:

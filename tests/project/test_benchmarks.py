@@ -146,3 +146,18 @@ def test_heterogeneous_ratios_and_recovery_from_a_synthetic_timeline():
     assert 0.3 <= row["recovery_s"] <= 0.4 and abs(row["ratio_after_recovery"] - 1.0) < 0.05  # a 0.5 s window at 0.9x
     text = table([{"system": "ps", "shares": "speed", "case": "slowdown", **row}], 100, 1)
     assert "| ps | speed | slowdown |" in text and "| 0.4 |" in text  # the recovery, rounded
+
+
+def test_kit_quick_measures_every_variant_for_both(tmp_path):
+    """``python -m benchmarks.kit --quick``: each precision and the compiled module, adadamp's fit
+    and plain PyTorch's loop, as ratios to fp32 in one run."""
+    from benchmarks.kit import bench
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.kit", "--quick", "--out", str(tmp_path)],
+                          cwd=root, capture_output=True, text=True, timeout=400, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "kit.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == list(bench.VARIANTS)
+    assert all(r["ours_s"] > 0 and r["plain_s"] > 0 and r["relative"] > 0 for r in rows)
+    assert "| 16-mixed |" in (tmp_path / "kit.md").read_text()

@@ -102,3 +102,16 @@ def test_a_checkpoint_written_on_gpu_resumes_on_cpu(gpus, data, tmp_path, backen
     assert all(p.device.type == "cpu" for p in resumed.module_.parameters())
     assert [r["n_updates"] for r in resumed.history_] == [r["n_updates"] for r in whole.history_]
     np.testing.assert_allclose(_weights(resumed), _weights(whole), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(("backend", "precision"), [(PS, "16-mixed"), (PS, "bf16-mixed"), (AR, "bf16-mixed")])
+def test_mixed_precision_on_gpus_trains_as_float32_does(gpus, data, backend, precision):
+    """autocast on the GPU workers (float16 with the client's loss scale; bf16 on NCCL replicas):
+    the fit's accuracy is float32's within a few points, and float16's skipped steps are few."""
+    X, y = data
+    full = DaskClassifier(client=gpus, device="cuda", backend=backend, **_params()).fit(X, y)
+    mixed = DaskClassifier(client=gpus, device="cuda", backend=backend, precision=precision, **_params()).fit(X, y)
+    assert mixed.score(X, y) > full.score(X, y) - 0.05
+    updates = [u for row in mixed.history_ for u in row["updates"]]
+    if precision == "16-mixed":
+        assert sum(u["skipped"] for u in updates) < len(updates) // 4

@@ -200,7 +200,7 @@ def test_sizes_are_checked_before_anything_is_allocated():
     server = ChannelServer("127.0.0.1", lambda *a: pytest.fail("computed a malformed request"), n_weights=5,
                            on_start=lambda: None, max_indices=100, on_close=closed.set)
     channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=5)
-    channel.sock.sendall(REQUEST.pack(10**12, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0))  # a trillion indices
+    channel.sock.sendall(REQUEST.pack(10**12, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0))  # a trillion indices
     with pytest.raises((EOFError, OSError)):
         channel.receive(time.monotonic() + 5)
     assert closed.wait(5)  # the worker dropped the channel (and with it, in a fit, the fit's state)
@@ -216,11 +216,22 @@ def test_sizes_are_checked_before_anything_is_allocated():
     assert closed.wait(5)
     channel.close()
 
+    for scale in (0.0, float("inf"), float("nan")):  # a loss scale no float16 fit sends
+        closed.clear()
+        server = ChannelServer("127.0.0.1", lambda *a: pytest.fail("computed a malformed request"), n_weights=5,
+                               on_start=lambda: None, max_indices=100, on_close=closed.set)
+        channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=5)
+        channel.sock.sendall(REQUEST.pack(1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, scale))
+        with pytest.raises((EOFError, OSError)):
+            channel.receive(time.monotonic() + 5)
+        assert closed.wait(5)
+        channel.close()
+
     closed.clear()  # running statistics of another size than the fit's: refused before reading them
     server = ChannelServer("127.0.0.1", lambda *a: pytest.fail("computed a malformed request"), n_weights=5,
                            on_start=lambda: None, max_indices=100, on_close=closed.set, n_buffers=4)
     channel = Channel("127.0.0.1", server.port, server.token, n_weights=5, timeout=5)
-    channel.sock.sendall(REQUEST.pack(1, 1, 0, 0, 0, 0, 0, 0, 10**12, 0, 0))
+    channel.sock.sendall(REQUEST.pack(1, 1, 0, 0, 0, 0, 0, 0, 10**12, 0, 0, 1.0))
     with pytest.raises((EOFError, OSError)):
         channel.receive(time.monotonic() + 5)
     assert closed.wait(5)

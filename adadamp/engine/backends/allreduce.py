@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import io
 import logging
+import math
 import statistics
 import time
 
@@ -41,7 +42,7 @@ from ...records import (
 )
 from ...wire.batches import BatchPlan
 from ...wire.optimizer_plan import apply_plan, group_settings
-from ...wire.parameters import compact_copy, flatten_parameters, float_buffers
+from ...wire.parameters import attributes, compact_copy, flatten_parameters, float_buffers
 from ...wire.rpc import rpc_call
 from ...worker.rendezvous import ABORT
 from ...worker.replica import dump_state, load_state
@@ -142,7 +143,7 @@ class AllReduce(Backend):
         # one pickle: the optimizer's state keeps pointing at the module's parameters; of a copy whose
         # tensors own their data (the module's are views into the flat buffers: compact_copy)
         module, optimizer = compact_copy(self.module, self.optimizer)
-        return cloudpickle.dumps((module, self.criterion, self.device, optimizer))
+        return cloudpickle.dumps((module, self.criterion, self.device, optimizer, attributes(self.optimizer)))
 
     def bind(self) -> None:
         """The client's module keeps its own flat buffers (it is only written at a sync)."""
@@ -420,6 +421,7 @@ class AllReduce(Backend):
                 totals.n, totals.weight, totals.loss_sum = r.n, r.weight, r.loss_sum
                 totals.chunk_sq_norm_sum, totals.n_chunks = r.chunk_sq_norm_sum, r.n_chunks
                 totals.grad_sq_norm = r.grad_sq_norm
+                self.grad_norm = math.sqrt(r.grad_sq_norm)  # before the replicas clip it (clip_grad_norm)
                 self._step_owed = self._announced = None
                 self._rounds.append((time.monotonic() - t_sent, len(batch.idx)))
                 return totals, []

@@ -42,10 +42,11 @@ from ...dampers.clock import LoopState, Sampler
 from ...dampers.epoch import run_epoch
 from ...data import DataSource
 from ...exceptions import ConvergenceError
-from ...records import SetupReply, SetupRequest, UpdateRecord, epoch_row
+from ...records import SetupReply, SetupRequest, TrainingKit, UpdateRecord, epoch_row
 from ...wire import shm
 from ...wire.channel import channel_host
 from ...wire.parameters import trainable
+from ...wire.precision import MIN_SCALE, LossScale
 from ...wire.shm import SharedBuffers
 from ...worker.plugin import TrainerPlugin
 from ..aggregation import Totals
@@ -111,6 +112,8 @@ class Backend(Sizing, abc.ABC):
         Where the workers compute.
     n_blocks : int, default=256
         The data blocks the examples are cut into for placement.
+    kit : TrainingKit, default=None
+        Precision and gradient clipping (None: float32, no clipping).
 
     Notes
     -----
@@ -146,6 +149,7 @@ class Backend(Sizing, abc.ABC):
         policy: cl.ClusterPolicy,
         device: str = "cpu",
         n_blocks: int = 256,
+        kit: TrainingKit | None = None,
     ):
         self.client = client
         self.module = module
@@ -166,7 +170,10 @@ class Backend(Sizing, abc.ABC):
         self._lent_times: dict[tuple[int, int], collections.deque] = {}  # update seconds by (batch, lent workers)
         self._resizing: int | None = None  # the batch the workers are being sized for (between updates)
         self._bound = False  # the module's parameters are views of the backend's buffers
+        self.kit = kit or TrainingKit()
+        self.grad_norm: float | None = None  # the last update's mean gradient's norm before clipping
         mark_base_lr(optimizer)
+        self._scaler = LossScale(optimizer) if self.kit.scales_loss else None
 
     # ------------------------------------------------------------------ the hooks a backend implements
     # What a new backend (register_backend) supplies; the base calls them, in this order.
@@ -202,6 +209,7 @@ class Backend(Sizing, abc.ABC):
             shared=None if self._shared is None else self._shared.offer(worker),
             dataset=self._dataset_payload,
             fuse=self.policy.shares == "speed",
+            kit=self.kit,
         )
 
     def setup_reply(self, worker: str, reply: SetupReply) -> None:
@@ -380,6 +388,7 @@ class Backend(Sizing, abc.ABC):
         self.module, self.optimizer, self.damper, self.loop = module, optimizer, damper, loop
         self.sampler = Sampler(loop, self.sampler.order)
         mark_base_lr(optimizer)
+        self._scaler = LossScale(optimizer) if self.kit.scales_loss else None
         self.bind()
         self._suspended = contextlib.ExitStack()
         self._single_threaded(self._suspended)
@@ -397,6 +406,26 @@ class Backend(Sizing, abc.ABC):
         self._bound = False
 
     # ------------------------------------------------------------------ one update
+    @property
+    def loss_scale(self) -> float:
+        """What the workers multiply the loss by this update (1.0 but with ``precision="16-mixed"``)."""
+        return 1.0 if self._scaler is None else self._scaler.value
+
+    def _skips(self, finite: bool) -> bool:
+        """Whether the update's step is skipped: with loss scaling, when its gradient was not
+        finite (the scale is halved; as GradScaler does, one decision from the whole batch's
+        gradient).  A scale that fell below :data:`~adadamp.wire.precision.MIN_SCALE` stops the fit."""
+        if self._scaler is None:
+            return False
+        self._scaler.update(found_inf=not finite)
+        if self._scaler.value < MIN_SCALE:
+            raise ConvergenceError(
+                f"The gradient was not finite at any loss scale down to {MIN_SCALE:g} (precision='16-mixed', "
+                f"update {self.loop.n_updates}): every step is skipped. Lower the learning rate "
+                "(optimizer__lr), or use precision='bf16-mixed' or '32-true'."
+            )
+        return not finite
+
     def _next_batch(self) -> Batch:
         """Look at the workers, ask the damper for the batch size (and size the cluster for it),
         and draw the batch's examples."""
@@ -424,6 +453,8 @@ class Backend(Sizing, abc.ABC):
         adds its reasons, :meth:`~adadamp.dampers.BaseDamper.explain`)."""
         t_start = time.perf_counter()
         self.members.lost_in_rounds.clear()
+        self.grad_norm = None
+        scale = self.loss_scale  # this update's (the step's decision moves it)
         batch = self._next_batch()
         announced = self.announce_step(batch) if batch.need is None else None  # the plan reads nothing of the round
         t_sent = time.perf_counter()
@@ -432,19 +463,27 @@ class Backend(Sizing, abc.ABC):
         self.speeds.observe_update(self.workers, total.per_worker)
         n = total.n
         loss = total.loss_sum / total.weight  # weight = n unless the criterion's mean is class-weighted
-        if not self.finite(loss, total):
+        finite = self.finite(loss, total)
+        skipped = self._skips(finite)
+        if not finite and not skipped:
             self.keep_last_finite()
             raise self._diverged(loss, len(batch.idx))
-        if announced is None:
+        if skipped:  # the weights stay; the examples were seen
+            plan, lr, t_agg = None, float(self.optimizer.param_groups[0]["lr"]), time.perf_counter()
+        elif announced is None:
             plan = self.damper.plan_update(batch.state, int(n), self._stats(batch, total))
             t_agg = time.perf_counter()
             lr = self.step(plan)
         else:
             (plan, lr), t_agg = announced, time.perf_counter()
         t_step = time.perf_counter()
-        self.loop.advance(n, plan.progress, loss)
+        self.loop.advance(n, None if plan is None else plan.progress, loss)
         self._recent.append(t_step - t_start)
         record = self._record(n, lr, loss, total, t_start, t_sent, t_back, t_agg, t_step)
+        if self.kit.clip_grad_norm is not None:
+            record.grad_norm = self.grad_norm
+        if self._scaler is not None:
+            record.skipped, record.loss_scale = int(skipped), scale
         self._time_lent(batch.size, int(n), record.lent or 0, t_step - t_start)
         self.damper.observe(record)
         return {**record.row(), **self.damper.explain()}

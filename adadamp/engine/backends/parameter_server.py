@@ -35,7 +35,7 @@ import torch
 from ...records import ShareRequest
 from ...wire.batches import dropout_seed
 from ...wire.optimizer_plan import apply_plan
-from ...wire.parameters import bind_parameters, exact_squared_norm, flatten_parameters, float_buffers
+from ...wire.parameters import bind_parameters, exact_squared_norm, flatten_parameters, float_buffers, trainable
 from ...worker.gradient import flat_buffers, set_buffers
 from ..aggregation import GradientSum, Totals
 from .base import Backend, Batch
@@ -115,7 +115,8 @@ class ParameterServer(Backend):
             several = {h for h, count in Counter(holders).items() if count > 1}  # their gradients come in replies
             requests = [self._request(h, unit, epoch, ahead, ahead_shard, h in several) for h, unit in zip(holders, units)]
             replies, send_time = self.transport.round(
-                requests, n_chunks, self.flat_np, on_reply=add, buffers=buffers, patient=self._patient()
+                requests, n_chunks, self.flat_np, on_reply=add, buffers=buffers, patient=self._patient(),
+                loss_scale=self._share_scale(len(idx)),
             )
             summed.totals.send += send_time
             lost, _ = triage(self.members, [q.worker for q in requests], replies)
@@ -155,14 +156,23 @@ class ParameterServer(Backend):
         )
 
     def gradient_round(self, batch: Batch) -> Totals:
-        """The shards' gradient sums added into ``self.grads_np``, then divided once; the running
-        statistics set to the workers' example-weighted mean."""
+        """The shards' gradient sums added into ``self.grads_np``, then divided once (and unscaled,
+        ``precision="16-mixed"``); the running statistics set to the workers' example-weighted mean."""
         total = self._gradients(batch.idx, batch.n_chunks, batch.epoch, batch.ahead)
         if total.buffers is not None:
             self._set_buffers(total.buffers / total.n)
         with np.errstate(invalid="ignore", over="ignore"):
             self.grads_np *= 1.0 / total.weight
+            if self._scaler is not None:
+                self.grads_np *= np.float32(1.0 / self._share_scale(len(batch.idx)))
         return total
+
+    def _share_scale(self, batch_size: int) -> float:
+        """What the workers multiply their loss sums by (``precision="16-mixed"``): the loss scale
+        over the batch size, so that the float16 gradients of a worker's backward pass are those of
+        a single process's scaled mean loss over the batch (GradScaler's overflow, whatever the
+        split), 1.0 without loss scaling."""
+        return 1.0 if self._scaler is None else self.loss_scale / max(1, batch_size)
 
     def finite(self, loss: float, total: Totals) -> bool:
         return math.isfinite(loss) and bool(np.isfinite(self.grads_np).all())
@@ -178,9 +188,12 @@ class ParameterServer(Backend):
         return self.flat_np
 
     def step(self, plan) -> float:
-        """The client steps."""
+        """The client steps (after clipping the mean gradient, ``clip_grad_norm``)."""
         self._current = 1 - self._current
         lr = apply_plan(self.optimizer, plan)
+        if self.kit.clip_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(trainable(self.module), self.kit.clip_grad_norm)
+            self.grad_norm = float(norm)
         self.optimizer.step()
         return lr
 
