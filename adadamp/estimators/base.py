@@ -92,8 +92,7 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         optimizer and the summed gradient stay float32.  "16-mixed" scales
         the loss as ``torch.amp.GradScaler`` does (a step whose gradient is
         not finite is skipped, ``history_``'s update rows say so; the scale
-        is saved with the optimizer); parameter server only for now.  User
-        guide, "Training kit".
+        is saved with the optimizer).  User guide, "Training kit".
     clip_grad_norm : float or None, default=None
         Clip the batch's mean gradient to this global norm before each
         step, as ``torch.nn.utils.clip_grad_norm_`` does in a single

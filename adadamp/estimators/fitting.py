@@ -157,11 +157,6 @@ def check_output_shape(
 def check_params(params: Mapping) -> list:
     """The checks of the parameters that their constraint table (:mod:`adadamp.estimators.parameters`) does
     not express; returns the fit's callbacks, resolved (:func:`adadamp.callbacks.resolve`: clones)."""
-    if params["precision"] == "16-mixed" and params["backend"] == "allreduce":
-        raise ValueError(
-            "precision='16-mixed' (float16 with loss scaling) runs on backend='parameter-server' only for now; "
-            "use precision='bf16-mixed' with backend='allreduce' (no loss scale needed), or backend='parameter-server'."
-        )
     compile_kwargs = routed(params, "compile")
     unknown = set(compile_kwargs) - set(inspect.signature(torch.compile).parameters) - {"model"}
     if unknown:

@@ -43,10 +43,15 @@ class LossScale:
 
     def __init__(self, optimizer: torch.optim.Optimizer, init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000):
-        self.group = optimizer.param_groups[0]
+        self.optimizer = optimizer
         self.group.setdefault(SCALE_KEY, float(init_scale))
         self.group.setdefault(CLEAN_KEY, 0)
         self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+
+    @property
+    def group(self) -> dict:
+        """Where the state is: read each time (``load_state_dict`` replaces the param groups' dicts)."""
+        return self.optimizer.param_groups[0]
 
     @property
     def value(self) -> float:

@@ -41,6 +41,7 @@ from ..records import CommitReply, GradientReply, StepVector, examples_digest, f
 from ..wire.batches import BATCH_VALUES, BatchPlan, StreamOrder, epoch_permutation
 from ..wire.optimizer_plan import apply_settings
 from ..wire.parameters import squared_norm, trainable
+from ..wire.precision import LossScale
 from . import groups
 from .buckets import Buckets, _MeanOfBuckets
 from .generation import GroupMember, collective_backend
@@ -83,6 +84,7 @@ class Replica(GroupMember):
         self.optimizer = optimizer
         self.applied = int(applied)
         self.pending: int | None = None
+        self.pending_finite = True  # whether the pending gradient is finite (a float16 fit skips its step if not)
         self.announced: StepVector | None = None  # the pending update's own step, sent with its request
         self._perm, self._perm_key = None, None  # the data epoch's permutation, cached
         self._shard_of: np.ndarray | None = None  # streamed data: the blocks' shards in that epoch
@@ -114,6 +116,11 @@ class Replica(GroupMember):
             if not strict:
                 return
             raise RuntimeError(f"replica at update {self.applied} (pending {self.pending}) cannot take step {update}")
+        if self.state.kit.scales_loss:  # as the client decides from the same all-reduced gradient
+            LossScale(self.optimizer).update(found_inf=not self.pending_finite)
+            if not self.pending_finite:  # skipped: the weights, buffers and settings stay
+                self.applied, self.pending = update + 1, None
+                return
         apply_settings(self.optimizer, step.settings, step.buffer_scale)
         clip = self.state.kit.clip_grad_norm
         if clip is not None:  # every replica holds the same mean gradient: the same clip
@@ -162,23 +169,29 @@ class Replica(GroupMember):
             X, y = examples(state, indices, epoch, ahead)
             overlap = self.size > 1  # the buckets read the chunk statistics before they launch
             before = flat_buffers(state.buffers) if state.buffers else None  # what a failed update leaves
+            batch_n = plan.stop - plan.start
+            scale = self._loss_scale(batch_n)
             try:
-                sums, running = self._shard_sums(X, y, n_chunks, parts, overlap, before)
+                sums, running = self._shard_sums(X, y, n_chunks, parts, overlap, before, scale)
                 computed = time.perf_counter()  # what follows is the all-reduce the backward pass did not hide
             except BaseException:
                 self._fail(before)  # buckets may be in flight: this group is spent
                 raise
             # the batch's mean is its sum over its size when the criterion weighs every example
             # alike: each bucket is divided (and its norm taken) as it arrives, off the critical path
-            batch_n = plan.stop - plan.start
             mean = _MeanOfBuckets(state.grads, batch_n) if overlap and weights_are_counts(state.criterion) else None
             totals, running = self._all_reduce(step, overlap, sums, running, mean, before)
             n_total, weight_total, loss_total, sq_total, chunks_total = totals.cpu().tolist()
             if state.buffers:
                 set_buffers(state.buffers, running / max(n_total, 1.0))
             sq_norm = self._mean_gradient(mean, batch_n, weight_total)
+            if scale != 1.0:  # unscaled, as GradScaler.unscale_ (the statistics were already)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    state.grads.mul_(float(np.float32(1.0 / scale)))
+                sq_norm = squared_norm(state.grads)
             self.pending = update
-            if announced and finite_update(loss_total, weight_total, sq_norm):  # as the client decides
+            self.pending_finite = finite_update(loss_total, weight_total, sq_norm)
+            if announced and (self.pending_finite or state.kit.scales_loss):  # as the client decides
                 self.announced = step
             return GradientReply(
                 n=int(n_total),
@@ -254,8 +267,16 @@ class Replica(GroupMember):
         parts = np.column_stack([plan.dropout_seeds(update), counts])[counts > 0]
         return indices, parts, plan.ahead(n, epoch, self._perm)
 
+    def _loss_scale(self, batch_n: int) -> float:
+        """What this member multiplies its loss sum by: ``precision="16-mixed"``'s loss scale (kept in
+        the optimizer's first param group, moved by :meth:`take_step` on every replica alike) over
+        the batch size, as the parameter server's workers do; 1.0 without loss scaling."""
+        if not self.state.kit.scales_loss:
+            return 1.0
+        return float(LossScale(self.optimizer).value) / max(1, batch_n)
+
     def _shard_sums(
-        self, X, y, n_chunks: int, parts: np.ndarray, overlap: bool, start: torch.Tensor | None
+        self, X, y, n_chunks: int, parts: np.ndarray, overlap: bool, start: torch.Tensor | None, scale: float = 1.0,
     ) -> tuple[list[float], torch.Tensor | None]:
         """The gradient sum over this member's shards, in ``state.grads`` (:func:`shards_sum`; the
         last shard's backward pass launches the buckets when ``overlap``); returns the scalars to
@@ -263,7 +284,7 @@ class Replica(GroupMember):
         weighted by each shard's examples."""
         parts = parts if len(parts) else np.zeros((1, 2), dtype=np.int64)  # no shard: a zero gradient
         before_last = (lambda statistic: self.buckets.start(self.group, statistic)) if overlap else None
-        return shards_sum(self.state, X, y, n_chunks, parts, start, before_last)
+        return shards_sum(self.state, X, y, n_chunks, parts, start, before_last, scale=scale)
 
     def _reduce(self, overlap: bool, scalars: list[float], running: torch.Tensor | None,
                 mean: _MeanOfBuckets | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

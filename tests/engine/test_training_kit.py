@@ -171,14 +171,15 @@ def test_bf16_mixed_is_pytorchs_autocast(client, data, backend, workers):
     assert _distance(est, full) > 1e-3  # autocast ran: the weights are bf16's, not float32's
 
 
+@pytest.mark.parametrize("backend", [PS, AR])
 @pytest.mark.parametrize("workers", [1, 2])
-def test_16_mixed_skips_exactly_the_steps_gradscaler_skips_and_trains_as_it_does(client, data, workers):
+def test_16_mixed_skips_exactly_the_steps_gradscaler_skips_and_trains_as_it_does(client, data, backend, workers):
     """A planted overflow: one example's feature is past float16's range, so every batch holding
     it has a non-finite loss and gradient, once per epoch, wherever its shard is computed."""
     X, y = data[0].copy(), data[1] * 0.05  # small targets: no overflow of the scaled gradient itself
     X[17, 0] = 7e4  # float16's largest is 65504
     module = _start()
-    est = _fit(client, (X, y), PS, workers, module, precision="16-mixed")
+    est = _fit(client, (X, y), backend, workers, module, precision="16-mixed")
     model, skips = _reference((X, y), module, est.loop_.seed, dtype=torch.float16, scaler=True)
     updates = _updates(est)
     assert [u["skipped"] for u in updates] == skips
@@ -192,7 +193,6 @@ def test_16_mixed_skips_exactly_the_steps_gradscaler_skips_and_trains_as_it_does
 
 @pytest.mark.parametrize(("params", "message"), [
     ({"precision": "fp16"}, "precision"),
-    ({"precision": "16-mixed", "backend": AR}, "parameter-server"),
     ({"clip_grad_norm": 0}, "clip_grad_norm"),
     ({"clip_grad_norm": float("inf")}, "clip_grad_norm"),
     ({"callbacks": [Warmup()]}, "exactly one of updates= and epochs="),
@@ -209,26 +209,28 @@ def test_a_bad_kit_value_is_refused_before_any_cluster_work(params, message):
         assert "'16-mixed'" in str(err.value) and "'bf16-mixed'" in str(err.value)
 
 
-def test_16_mixed_resumes_its_loss_scale_exactly_from_a_checkpoint(client, data, tmp_path):
+@pytest.mark.parametrize("backend", [PS, AR])
+def test_16_mixed_resumes_its_loss_scale_exactly_from_a_checkpoint(client, data, tmp_path, backend):
     """The scale lives in the optimizer's state: a fit stopped after its skipped steps and resumed
     from its checkpoint ends bitwise where the uninterrupted fit ends, at the same scale."""
     from test_elastic import StopAt, Stopped
 
     X, y = data[0].copy(), data[1] * 0.05
     X[17, 0] = 7e4
-    whole = _fit(client, (X, y), PS, 2, _start(), precision="16-mixed")
+    whole = _fit(client, (X, y), backend, 2, _start(), precision="16-mixed")
     path = tmp_path / "fit.ckpt"
     with pytest.raises(Stopped):
-        _fit(client, (X, y), PS, 2, _start(), precision="16-mixed", checkpoint=path, checkpoint_every=3,
+        _fit(client, (X, y), backend, 2, _start(), precision="16-mixed", checkpoint=path, checkpoint_every=3,
              callbacks=[("stop", StopAt(stop=7))])
-    resumed = _fit(client, (X, y), PS, 2, _start(), precision="16-mixed", checkpoint=path)
+    resumed = _fit(client, (X, y), backend, 2, _start(), precision="16-mixed", checkpoint=path)
     assert [u["skipped"] for u in _updates(resumed)] == [u["skipped"] for u in _updates(whole)]
     assert resumed.optimizer_.param_groups[0]["adadamp_loss_scale"] == whole.optimizer_.param_groups[0]["adadamp_loss_scale"]
     assert _distance(resumed, whole.module_) == 0.0
 
 
+@pytest.mark.parametrize("backend", [PS, AR])
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
-def test_adascale_sees_the_unscaled_gradients_statistics(client, data, precision):
+def test_adascale_sees_the_unscaled_gradients_statistics(client, data, precision, backend):
     """AdaScale's gain reads the workers' chunk statistics and the client's mean gradient; under
     loss scaling both must be of the unscaled gradient (a scaled one on either side moves the gain
     by orders of magnitude), so the learning rates follow the float32 fit's."""
@@ -237,7 +239,7 @@ def test_adascale_sees_the_unscaled_gradients_statistics(client, data, precision
     small = (data[0], data[1] * 0.05)
     lrs = {}
     for p in ("32-true", precision):
-        est = _fit(client, small, PS, 2, _start(), precision=p, batch_size=AdaScale(batch_size=BATCH, base_batch_size=16, smoothing=0.5))
+        est = _fit(client, small, backend, 2, _start(), precision=p, batch_size=AdaScale(batch_size=BATCH, base_batch_size=16, smoothing=0.5))
         lrs[p] = np.array([u["lr"] for u in _updates(est)])
     assert lrs["32-true"].max() > 1.5 * LR  # the gain moved the learning rate
     np.testing.assert_allclose(lrs[precision], lrs["32-true"], rtol=2e-2)  # measured: within 1%
@@ -374,3 +376,18 @@ def test_compile_with_inductor_trains_as_the_eager_module(client, data):
     compiled = _fit(client, data, PS, 1, module, compile=True, max_epochs=1)
     eager = _fit(client, data, PS, 1, module, max_epochs=1)
     assert _distance(compiled, eager.module_) < 1e-5
+
+
+def test_16_mixed_skips_alike_where_the_step_is_planned_after_the_round(client, data):
+    """AdaScale reads the round's statistics, so the all-reduce backend plans each step after the
+    round and sends it with the next request: a skipped step is still owed (each replica skips it)
+    and the replicas stay with the parameter server's weights."""
+    from adadamp.dampers import AdaScale
+
+    X, y = data[0].copy(), data[1] * 0.05
+    X[17, 0] = 7e4
+    fits = [_fit(client, (X, y), backend, 2, _start(), precision="16-mixed",
+                 batch_size=AdaScale(batch_size=BATCH, base_batch_size=16, smoothing=0.5)) for backend in (PS, AR)]
+    skipped = [[u["skipped"] for u in _updates(est)] for est in fits]
+    assert skipped[0] == skipped[1] and sum(skipped[0]) >= 2
+    assert _distance(fits[1], fits[0].module_) < 1e-5

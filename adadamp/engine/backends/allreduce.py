@@ -494,6 +494,11 @@ class AllReduce(Backend):
         lr, self._step_owed = self._handed_on(plan)
         return lr
 
+    def skip_step(self) -> None:
+        """The replicas owe the update's step all the same: each skips it, from the same
+        all-reduced gradient (:meth:`~adadamp.worker.replica.Replica.take_step`)."""
+        self._step_owed = (self.loop.n_updates, 1.0, group_settings(self.optimizer))
+
     def _handed_on(self, plan) -> tuple[float, tuple[int, float, list[float]]]:
         """``plan``'s learning rate and the running update's step as requests send it."""
         lr = apply_plan(self.optimizer, plan, scale_buffers=False)

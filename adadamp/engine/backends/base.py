@@ -126,8 +126,9 @@ class Backend(Sizing, abc.ABC):
     - :meth:`setup_request` and :meth:`setup_reply` for each worker set up (optional: extend
       them with ``super()``);
     - each update, in order: :meth:`announce_step` (optional), :meth:`gradient_round`,
-      :meth:`finite` (then :meth:`keep_last_finite` when it is not), :meth:`grad_sq_norm` when
-      the damper asks for statistics, :meth:`step` unless the step was announced, and
+      :meth:`finite` (then :meth:`keep_last_finite` when it is not, or :meth:`skip_step` when
+      loss scaling skips it), :meth:`grad_sq_norm` when the damper asks for statistics,
+      :meth:`step` unless the step was announced, and
       :meth:`stepped_weights` (optional) for the debugging digests;
     - :meth:`sync` (required) before a checkpoint mid-epoch or a stop.
 
@@ -268,6 +269,14 @@ class Backend(Sizing, abc.ABC):
         factor and momentum); returns the learning rate.
 
         Called after each update's round, unless :meth:`announce_step` planned the step.
+        """
+
+    def skip_step(self) -> None:
+        """Skip the update's step: its gradient was not finite at its loss scale
+        (``precision="16-mixed"``).
+
+        Called instead of :meth:`step` (unless the step was announced).  The default does nothing:
+        the weights stay where they are.
         """
 
     def stepped_weights(self) -> np.ndarray | None:
@@ -469,6 +478,8 @@ class Backend(Sizing, abc.ABC):
             self.keep_last_finite()
             raise self._diverged(loss, len(batch.idx))
         if skipped:  # the weights stay; the examples were seen
+            if announced is None:
+                self.skip_step()
             plan, lr, t_agg = None, float(self.optimizer.param_groups[0]["lr"]), time.perf_counter()
         elif announced is None:
             plan = self.damper.plan_update(batch.state, int(n), self._stats(batch, total))
