@@ -212,12 +212,14 @@ class TrainingKit:
     :data:`adadamp.wire.precision.PRECISIONS`), ``clip_grad_norm`` (the gradient's largest global norm, as
     :func:`torch.nn.utils.clip_grad_norm_` takes it; None: no clipping) and ``micro_batch_size``
     (the most examples a worker passes forward and backward at once; None: its whole share);
-    ``compile``: the keyword arguments of :func:`torch.compile` for the workers' module (None: eager)."""
+    ``compile``: the keyword arguments of :func:`torch.compile` for the workers' module (None: eager);
+    ``averaging``: ``kind`` ("ema" or "swa") and its settings (:mod:`adadamp.wire.averaging`; None: none)."""
 
     precision: str = "32-true"
     clip_grad_norm: float | None = None
     micro_batch_size: int | None = None
     compile: dict | None = None
+    averaging: dict | None = None
 
     @property
     def scales_loss(self) -> bool:

@@ -24,6 +24,7 @@ from ..cluster import pickled_client
 from ..cluster import policy as cl
 from ..data import Labels, Values
 from ..engine.backends import backend_names
+from ..wire.averaging import KINDS
 from ..wire.precision import PRECISIONS
 from . import fitting, parameters
 from .fitting import FitMixin, is_fitted
@@ -113,6 +114,15 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         batch dimension dynamic, so a growing batch, micro-batches and an
         epoch's ragged last batch need no new compilation; ``predict``
         runs the plain module on the client.
+    weight_averaging : {None, "ema", "swa"}, default=None
+        Average the weights over the steps, as
+        ``torch.optim.swa_utils.AveragedModel`` does: an exponential moving
+        average (``weight_averaging__decay``, 0.999) or the running mean
+        of SWA, from the first update of data epoch
+        ``weight_averaging__start_epoch`` (0).  ``predict``,
+        ``predict_proba`` and ``score`` then use ``averaged_module_``;
+        training continues from ``module_``.  The average is saved with the
+        optimizer's state (checkpoints, ``partial_fit``).
     backend : {"parameter-server", "allreduce"}, default="parameter-server"
         How the workers train (user guide, "Backends").  ``"parameter-server"``:
         the client holds the weights, sends them each update and steps (best
@@ -210,7 +220,7 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         updates, and one line per epoch.
     **kwargs
         Routed parameters: ``module__*``, ``criterion__*``, ``optimizer__*``,
-        ``batch_size__*``, ``callbacks__*``, ``compile__*``.
+        ``batch_size__*``, ``callbacks__*``, ``compile__*``, ``weight_averaging__*``.
 
     Attributes
     ----------
@@ -235,6 +245,9 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         each worker computed, ``stragglers``: the ranks of workers that
         would take over twice the median's time for an equal share,
         ``lost``: workers the update lost).
+    averaged_module_ : torch.nn.Module
+        With ``weight_averaging``: the module with the averaged weights
+        (BatchNorm's statistics as ``module_``'s), what ``predict`` uses.
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when X has string column names (pandas).
@@ -267,6 +280,7 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         "clip_grad_norm": (None, parameters.Positive()),
         "micro_batch_size": (None, parameters.Integer(1)),
         "compile": (parameters.Boolean(),),
+        "weight_averaging": (None, parameters.OneOf(lambda: KINDS)),
         "backend": (parameters.OneOf(backend_names),),
         "grads_per_worker": (parameters.Integer(1),),
         "min_workers": (parameters.Integer(1),),
@@ -298,6 +312,7 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         clip_grad_norm: float | None = None,
         micro_batch_size: int | None = None,
         compile: bool = False,
+        weight_averaging: str | None = None,
         backend: str = "parameter-server",
         client=None,
         grads_per_worker: int = 128,
@@ -332,6 +347,7 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         self.clip_grad_norm = clip_grad_norm
         self.micro_batch_size = micro_batch_size
         self.compile = compile
+        self.weight_averaging = weight_averaging
         self.backend = backend
         self.client = client
         self.grads_per_worker = grads_per_worker

@@ -15,6 +15,7 @@ import copy
 import functools
 import inspect
 import logging
+import numbers
 import os
 import types
 from collections.abc import Mapping
@@ -40,6 +41,7 @@ from ..modules import MLP
 from ..records import TrainingKit, TrainingState
 from ..sample_weight import SampleWeightedLoss
 from ..wire import optimizer_plan
+from ..wire.averaging import KINDS, averaged_copy
 from ..wire.seeding import seeded
 from . import parameters
 
@@ -163,6 +165,7 @@ def check_params(params: Mapping) -> list:
         name = min(unknown)
         raise ValueError(f"compile__{name}: torch.compile has no parameter {name!r}; it takes "
                          f"{sorted(set(inspect.signature(torch.compile).parameters) - {'model'})}.")
+    averaging(params)
     if params["checkpoint_every"] is not None and params["checkpoint"] is None:
         raise ValueError(f"checkpoint_every={params['checkpoint_every']} needs a checkpoint file: pass checkpoint='fit.ckpt'.")
     resolved = resolve_callbacks(params["callbacks"], routed(params, "callbacks"))
@@ -189,7 +192,30 @@ def kit(params: Mapping) -> TrainingKit:
     """The fit's precision, clipping and micro-batches."""
     clip, micro = params["clip_grad_norm"], params["micro_batch_size"]
     return TrainingKit(params["precision"], None if clip is None else float(clip), None if micro is None else int(micro),
-                       routed(params, "compile") if params["compile"] else None)
+                       routed(params, "compile") if params["compile"] else None, averaging(params))
+
+
+def averaging(params: Mapping) -> dict | None:
+    """``weight_averaging``'s settings (:mod:`adadamp.wire.averaging`), checked; None without it."""
+    kind = params["weight_averaging"]
+    given = routed(params, "weight_averaging")
+    if kind is None:
+        if given:
+            raise ValueError(f"weight_averaging__{min(given)} is set but weight_averaging=None: pass "
+                             "weight_averaging='ema' or 'swa'.")
+        return None
+    known = KINDS[kind]
+    unknown = set(given) - set(known)
+    if unknown:
+        raise ValueError(f"weight_averaging__{min(unknown)}: weight_averaging={kind!r} takes {sorted(known)}.")
+    settings = {"kind": kind, **known, **given}
+    decay = settings.get("decay", 0.5)
+    if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not 0 < decay < 1:
+        raise ValueError(f"weight_averaging__decay must be a number in (0, 1); got {decay!r}.")
+    start = settings["start_epoch"]
+    if isinstance(start, bool) or not isinstance(start, numbers.Integral) or start < 0:
+        raise ValueError(f"weight_averaging__start_epoch must be an integer >= 0; got {start!r}.")
+    return settings
 
 
 def draw_seed(random_state) -> int:
@@ -207,7 +233,7 @@ def fingerprint(params: Mapping, data) -> dict:
     # the kit's math (not micro_batch_size: a resumed job may bound its passes as its devices need)
     kit = {k: params[k] for k in ("precision", "clip_grad_norm") if params.get(k) not in (None, "32-true")}
     params = {k: v for k, v in params.items() if k in keys or parameters.routed_prefix(k)} | kit
-    params = {k: v for k, v in params.items() if not k.startswith(("callbacks__", "compile__"))}
+    params = {k: v for k, v in params.items() if not k.startswith(("callbacks__", "compile__", "weight_averaging__"))}
     return checkpoint.fingerprint(data.X, data.y, params)
 
 
@@ -481,6 +507,11 @@ class FitMixin:
 
     def _commit(self, state: TrainingState) -> None:
         state.set_on(self)
+        averaged = averaged_copy(state.module, state.optimizer) if self.weight_averaging is not None else None
+        if averaged is None:
+            self.__dict__.pop("averaged_module_", None)
+        else:
+            self.averaged_module_ = averaged
         self._damper_spec_ = damper_spec(self.get_params(deep=False))
 
     # --------------------------------------------------------- save / load

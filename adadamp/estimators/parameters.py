@@ -26,7 +26,7 @@ from ..dampers import BaseDamper
 from ..exceptions import InvalidParameterError
 
 #: The prefixes whose ``prefix__name`` parameters go to the object built from ``prefix``.
-ROUTED = ("module", "criterion", "optimizer", "batch_size", "callbacks", "compile")
+ROUTED = ("module", "criterion", "optimizer", "batch_size", "callbacks", "compile", "weight_averaging")
 
 
 def routed_prefix(key: str) -> str | None:

@@ -157,7 +157,7 @@ class _Predictor:
         """The module's outputs for ``X`` (:func:`adadamp.outputs`)."""
         check_is_fitted(self)
         with self._call_client(needed=convert.is_dataset(X)) as client:
-            return outputs(self.module_, X, self, client)
+            return outputs(getattr(self, "averaged_module_", self.module_), X, self, client)
 
     def score(self, X, y=None, sample_weight=None) -> float:
         """Mean accuracy (classifier) or R^2 (regressor) of :meth:`predict` on ``X``, as scikit-learn's.

@@ -38,6 +38,7 @@ import torch
 
 from ..exceptions import CollectiveError
 from ..records import CommitReply, GradientReply, StepVector, examples_digest, finite_update
+from ..wire.averaging import update_average
 from ..wire.batches import BATCH_VALUES, BatchPlan, StreamOrder, epoch_permutation
 from ..wire.optimizer_plan import apply_settings
 from ..wire.parameters import squared_norm, trainable
@@ -85,6 +86,7 @@ class Replica(GroupMember):
         self.applied = int(applied)
         self.pending: int | None = None
         self.pending_finite = True  # whether the pending gradient is finite (a float16 fit skips its step if not)
+        self.pending_epoch = 0  # the data epoch of the pending update's batch (weight averaging starts at one)
         self.announced: StepVector | None = None  # the pending update's own step, sent with its request
         self._perm, self._perm_key = None, None  # the data epoch's permutation, cached
         self._shard_of: np.ndarray | None = None  # streamed data: the blocks' shards in that epoch
@@ -126,6 +128,8 @@ class Replica(GroupMember):
         if clip is not None:  # every replica holds the same mean gradient: the same clip
             torch.nn.utils.clip_grad_norm_(trainable(self.state.module), clip)
         self.optimizer.step()
+        if self.state.kit.averaging is not None:
+            update_average(self.optimizer, trainable(self.state.module), self.state.kit.averaging, self.pending_epoch)
         self.applied, self.pending = update + 1, None
 
     def take_announced(self) -> None:
@@ -189,7 +193,7 @@ class Replica(GroupMember):
                 with np.errstate(invalid="ignore", over="ignore"):
                     state.grads.mul_(float(np.float32(1.0 / scale)))
                 sq_norm = squared_norm(state.grads)
-            self.pending = update
+            self.pending, self.pending_epoch = update, epoch
             self.pending_finite = finite_update(loss_total, weight_total, sq_norm)
             if announced and (self.pending_finite or state.kit.scales_loss):  # as the client decides
                 self.announced = step

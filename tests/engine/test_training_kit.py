@@ -66,10 +66,14 @@ def _fit(client, data, backend: str, workers: int, module: nn.Module, **params) 
 
 
 def _reference(data, module: nn.Module, seed: int, *, clip=None, warmup=None, dtype=None, scaler=False, lr=LR,
-               optimizer=None):
-    """Plain PyTorch on the fit's batches; returns the model and (scaler) each update's skip."""
+               optimizer=None, averaged=None):
+    """Plain PyTorch on the fit's batches; returns the model and (scaler) each update's skip;
+    ``averaged``: an ``AveragedModel`` of the model, updated after each step of its data epochs."""
     X, y = (torch.from_numpy(a) for a in data)
     model = copy.deepcopy(module)
+    if averaged is not None:  # (kind, start epoch): the AveragedModel is built on the model trained
+        multi = torch.optim.swa_utils.get_ema_multi_avg_fn(0.9) if averaged[0] == "ema" else None
+        averaged = (torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=multi), averaged[1])
     if optimizer is None:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     else:
@@ -98,9 +102,11 @@ def _reference(data, module: nn.Module, seed: int, *, clip=None, warmup=None, dt
                 skips.append(int(amp.get_scale() < before))
             else:
                 opt.step()
+            if averaged is not None and epoch >= averaged[1]:
+                averaged[0].update_parameters(model)
             if sched is not None:
                 sched.step()
-    return model, skips
+    return (model if averaged is None else averaged[0].module), skips
 
 
 def _distance(est, model) -> float:
@@ -200,6 +206,10 @@ def test_16_mixed_skips_exactly_the_steps_gradscaler_skips_and_trains_as_it_does
     ({"compile": True, "compile__modes": "max-autotune"}, "compile__modes: torch.compile has no parameter"),
     ({"compile": 1}, "compile"),
     ({"micro_batch_size": 0}, "micro_batch_size"),
+    ({"weight_averaging": "mean"}, "weight_averaging"),
+    ({"weight_averaging": "swa", "weight_averaging__decay": 0.9}, r"weight_averaging__decay: weight_averaging='swa' takes"),
+    ({"weight_averaging": "ema", "weight_averaging__decay": 1.5}, r"weight_averaging__decay must be a number in \(0, 1\)"),
+    ({"weight_averaging__decay": 0.9}, "weight_averaging=None"),
 ])
 def test_a_bad_kit_value_is_refused_before_any_cluster_work(params, message):
     est = DaskRegressor(module=_start(), **params)  # no client: the embedded cluster would start
@@ -391,3 +401,45 @@ def test_16_mixed_skips_alike_where_the_step_is_planned_after_the_round(client, 
     skipped = [[u["skipped"] for u in _updates(est)] for est in fits]
     assert skipped[0] == skipped[1] and sum(skipped[0]) >= 2
     assert _distance(fits[1], fits[0].module_) < 1e-5
+
+
+@pytest.mark.parametrize("backend", [PS, AR])
+@pytest.mark.parametrize(("kind", "start"), [("ema", 0), ("swa", 1)])
+def test_weight_averaging_is_averagedmodels_and_predict_uses_it(client, data, backend, kind, start):
+    """EMA (decay 0.9) from the first step, SWA from data epoch 1: ``averaged_module_`` holds
+    AveragedModel's weights on the same batches; ``predict`` uses them, ``module_`` the trained."""
+    module = _start()
+    settings = {"weight_averaging__decay": 0.9} if kind == "ema" else {}
+    est = _fit(client, data, backend, 2, module, weight_averaging=kind, weight_averaging__start_epoch=start,
+               **settings)
+    averaged, _ = _reference(data, module, est.loop_.seed, averaged=(kind, start))
+    trained, _ = _reference(data, module, est.loop_.seed)
+    assert _distance(est, trained) < 1e-5
+    ours = torch.cat([p.detach().reshape(-1) for p in est.averaged_module_.parameters()])
+    theirs = torch.cat([p.detach().reshape(-1) for p in averaged.parameters()])
+    assert float((ours - theirs).norm() / theirs.norm()) < 1e-5
+    assert float((ours - torch.cat([p.detach().reshape(-1) for p in trained.parameters()])).norm()) > 1e-3
+    X = torch.from_numpy(data[0][:5])
+    np.testing.assert_allclose(est.predict(data[0][:5]).ravel(), averaged(X).detach().numpy().ravel(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_average_resumes_from_a_checkpoint_and_a_partial_fit(client, data, tmp_path):
+    """The average is optimizer state: a fit stopped mid-way and resumed from its checkpoint ends
+    with the uninterrupted fit's average, bitwise; a warm ``partial_fit`` goes on averaging."""
+    from test_elastic import StopAt, Stopped
+
+    params = {"weight_averaging": "swa"}
+    whole = _fit(client, data, PS, 2, _start(), **params)
+    path = tmp_path / "fit.ckpt"
+    with pytest.raises(Stopped):
+        _fit(client, data, PS, 2, _start(), checkpoint=path, checkpoint_every=3, callbacks=[("stop", StopAt(stop=7))],
+             **params)
+    resumed = _fit(client, data, PS, 2, _start(), checkpoint=path, **params)
+    assert _distance(resumed, whole.module_) == 0.0
+    assert _distance(resumed, whole.averaged_module_) > 0  # (the trained weights are not the average)
+    a, b = (torch.cat([p.detach().reshape(-1) for p in e.averaged_module_.parameters()]) for e in (resumed, whole))
+    assert torch.equal(a, b)
+    steps = [int(s["adadamp_n_averaged"]) for s in whole.optimizer_.state.values()]
+    assert steps == [EPOCHS * N // BATCH] * len(steps)
+    whole.partial_fit(*data)
+    assert {int(s["adadamp_n_averaged"]) for s in whole.optimizer_.state.values()} == {(EPOCHS + 1) * N // BATCH}

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ...records import ShareRequest
+from ...wire.averaging import update_average
 from ...wire.batches import dropout_seed
 from ...wire.optimizer_plan import apply_plan
 from ...wire.parameters import bind_parameters, exact_squared_norm, flatten_parameters, float_buffers, trainable
@@ -159,6 +160,7 @@ class ParameterServer(Backend):
         """The shards' gradient sums added into ``self.grads_np``, then divided once (and unscaled,
         ``precision="16-mixed"``); the running statistics set to the workers' example-weighted mean."""
         total = self._gradients(batch.idx, batch.n_chunks, batch.epoch, batch.ahead)
+        self._batch_epoch = batch.epoch  # weight averaging starts at a data epoch
         if total.buffers is not None:
             self._set_buffers(total.buffers / total.n)
         with np.errstate(invalid="ignore", over="ignore"):
@@ -188,13 +190,16 @@ class ParameterServer(Backend):
         return self.flat_np
 
     def step(self, plan) -> float:
-        """The client steps (after clipping the mean gradient, ``clip_grad_norm``)."""
+        """The client steps (after clipping the mean gradient, ``clip_grad_norm``; then the weights'
+        average moves, ``weight_averaging``)."""
         self._current = 1 - self._current
         lr = apply_plan(self.optimizer, plan)
         if self.kit.clip_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(trainable(self.module), self.kit.clip_grad_norm)
             self.grad_norm = float(norm)
         self.optimizer.step()
+        if self.kit.averaging is not None:
+            update_average(self.optimizer, trainable(self.module), self.kit.averaging, self._batch_epoch)
         return lr
 
     def sync(self) -> None:
