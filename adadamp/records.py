@@ -36,6 +36,7 @@ class GradientReply:
     weight: float = 0.0  # what the loss sum is normalized by: the examples, or their class weights
     grad_sq_norm: float = float("nan")  # all-reduce fits: the squared norm of the batch's mean gradient
     digest: int = 0  # examples_digest of the examples the gradient was computed over
+    peak_memory: int = 0  # bytes at the worker's peak since its last reply (adadamp.worker.memory; 0: unknown)
 
 
 def examples_digest(indices: np.ndarray) -> int:
@@ -407,6 +408,8 @@ class UpdateRecord:
     workers the update lost (dead, or not answering in ten times the others' time) and
     recomputed the shares of; ``lent`` the workers no fit wanted that the cluster's allocator lent
     to the update (:func:`~adadamp.cluster.division.lend`; only with ``shares="speed"``).
+    ``peak_memory``: each worker's peak memory in bytes during the update (rank order; a CUDA
+    worker's device memory, else its resident memory; 0: unknown, :mod:`adadamp.worker.memory`).
     ``grad_norm`` (with ``clip_grad_norm``) is the batch's mean gradient's global norm before
     clipping; ``skipped`` and ``loss_scale`` (``precision="16-mixed"``): 1 when the gradient was not
     finite at the update's loss scale and the step was skipped, and that scale.
@@ -430,6 +433,7 @@ class UpdateRecord:
     stragglers: list[int] | None = None
     lost: int | None = None
     lent: int | None = None
+    peak_memory: list[int] | None = None
     grad_norm: float | None = None
     skipped: int | None = None
     loss_scale: float | None = None
@@ -445,7 +449,8 @@ def epoch_row(epoch: int, updates: list[dict], n_updates: int, n_samples_seen: i
     """One epoch's row of ``history_`` from its update rows.
 
     ``train_loss`` is the batch losses' mean weighted by the batch sizes; ``batch_size`` the
-    epoch's largest batch; ``lr`` and ``n_workers`` those of its last update.
+    epoch's largest batch; ``lr`` and ``n_workers`` those of its last update; ``peak_memory`` (where
+    the updates measured it) the largest peak of any worker in any update, in bytes.
 
     Examples
     --------
@@ -456,6 +461,8 @@ def epoch_row(epoch: int, updates: list[dict], n_updates: int, n_samples_seen: i
     (0.625, 6, 2)
     """
     n = sum(u["batch_size"] for u in updates)
+    peaks = [m for u in updates for m in u.get("peak_memory") or ()]
+    memory = {"peak_memory": max(peaks)} if peaks and max(peaks) > 0 else {}
     return {
         "epoch": epoch,
         "train_loss": sum(u["loss"] * u["batch_size"] for u in updates) / n,
@@ -465,6 +472,7 @@ def epoch_row(epoch: int, updates: list[dict], n_updates: int, n_samples_seen: i
         "n_updates": n_updates,
         "n_samples_seen": n_samples_seen,
         "dur": dur,
+        **memory,
         "updates": updates,
     }
 

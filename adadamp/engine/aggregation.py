@@ -35,13 +35,17 @@ class Totals:
     grad_sq_norm: float | None = None  # of the mean gradient, where the workers computed it (all-reduce)
     #: per worker: the examples it computed and its compute seconds (all its shards; the speeds' measurements)
     per_worker: dict[str, list] = dataclasses.field(default_factory=dict)
+    #: per worker: its peak memory in the update (bytes; the largest of its replies')
+    memory: dict[str, int] = dataclasses.field(default_factory=dict)
 
-    def measured(self, worker: str, n: int, seconds: float) -> None:
-        """Count ``n`` examples computed in ``seconds`` by ``worker``; ``compute`` is the slowest's time."""
+    def measured(self, worker: str, n: int, seconds: float, peak_memory: int = 0) -> None:
+        """Count ``n`` examples computed in ``seconds`` by ``worker``, at a peak of ``peak_memory``
+        bytes; ``compute`` is the slowest's time."""
         mine = self.per_worker.setdefault(worker, [0, 0.0])
         mine[0] += int(n)
         mine[1] += seconds
         self.compute = max(self.compute, mine[1])
+        self.memory[worker] = max(self.memory.get(worker, 0), int(peak_memory))
 
 
 class GradientSum:
@@ -74,7 +78,7 @@ class GradientSum:
 
     def add(self, shard: int, worker: str, r: GradientReply) -> None:
         """Add shard ``shard``'s reply from ``worker`` (its gradient may be in shared memory)."""
-        self.totals.measured(worker, r.n, r.compute_time)
+        self.totals.measured(worker, r.n, r.compute_time, r.peak_memory)
         grad = self.shared.gradients[worker] if r.grad is None else r.grad
         if self._order[self._added] != shard:  # buffers are reused by the next reply: keep a copy
             self._waiting[shard] = dataclasses.replace(r, grad=np.array(grad))

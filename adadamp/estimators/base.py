@@ -244,7 +244,8 @@ class BaseDaskEstimator(FitMixin, BaseEstimator):
         update_time``; see the callbacks guide; ``shares``: the examples
         each worker computed, ``stragglers``: the ranks of workers that
         would take over twice the median's time for an equal share,
-        ``lost``: workers the update lost).
+        ``lost``: workers the update lost, ``peak_memory``: each worker's
+        peak memory in the update, bytes; the epoch row holds the largest).
     averaged_module_ : torch.nn.Module
         With ``weight_averaging``: the module with the averaged weights
         (BatchNorm's statistics as ``module_``'s), what ``predict`` uses.

@@ -15,7 +15,6 @@ import copy
 import functools
 import inspect
 import logging
-import numbers
 import os
 import types
 from collections.abc import Mapping
@@ -38,20 +37,15 @@ from ..engine import session
 from ..engine.loop import FitLoop
 from ..exceptions import ConvergenceError, FitInterrupted, NoWorkersError, SchedulerLostError
 from ..modules import MLP
-from ..records import TrainingKit, TrainingState
+from ..records import TrainingState
 from ..sample_weight import SampleWeightedLoss
 from ..wire import optimizer_plan
-from ..wire.averaging import KINDS, averaged_copy
+from ..wire.averaging import averaged_copy, refresh_batch_norm
 from ..wire.seeding import seeded
-from . import parameters
+from . import kit, parameters
+from .parameters import routed
 
 logger = logging.getLogger(__name__)
-
-
-def routed(params: Mapping, prefix: str) -> dict:
-    """The ``prefix__name`` parameters, keyed by ``name``."""
-    n = len(prefix) + 2
-    return {k[n:]: v for k, v in params.items() if k.startswith(prefix + "__")}
 
 
 def build_module(params: Mapping, n_features: int, n_outputs: int, seed: int) -> nn.Module:
@@ -159,13 +153,7 @@ def check_output_shape(
 def check_params(params: Mapping) -> list:
     """The checks of the parameters that their constraint table (:mod:`adadamp.estimators.parameters`) does
     not express; returns the fit's callbacks, resolved (:func:`adadamp.callbacks.resolve`: clones)."""
-    compile_kwargs = routed(params, "compile")
-    unknown = set(compile_kwargs) - set(inspect.signature(torch.compile).parameters) - {"model"}
-    if unknown:
-        name = min(unknown)
-        raise ValueError(f"compile__{name}: torch.compile has no parameter {name!r}; it takes "
-                         f"{sorted(set(inspect.signature(torch.compile).parameters) - {'model'})}.")
-    averaging(params)
+    kit.training_kit(params)  # precision, clipping, micro-batches, compile__*, weight_averaging__*
     if params["checkpoint_every"] is not None and params["checkpoint"] is None:
         raise ValueError(f"checkpoint_every={params['checkpoint_every']} needs a checkpoint file: pass checkpoint='fit.ckpt'.")
     resolved = resolve_callbacks(params["callbacks"], routed(params, "callbacks"))
@@ -186,36 +174,6 @@ def check_params(params: Mapping) -> list:
             "client=None to use the current one or the embedded cluster."
         )
     return resolved
-
-
-def kit(params: Mapping) -> TrainingKit:
-    """The fit's precision, clipping and micro-batches."""
-    clip, micro = params["clip_grad_norm"], params["micro_batch_size"]
-    return TrainingKit(params["precision"], None if clip is None else float(clip), None if micro is None else int(micro),
-                       routed(params, "compile") if params["compile"] else None, averaging(params))
-
-
-def averaging(params: Mapping) -> dict | None:
-    """``weight_averaging``'s settings (:mod:`adadamp.wire.averaging`), checked; None without it."""
-    kind = params["weight_averaging"]
-    given = routed(params, "weight_averaging")
-    if kind is None:
-        if given:
-            raise ValueError(f"weight_averaging__{min(given)} is set but weight_averaging=None: pass "
-                             "weight_averaging='ema' or 'swa'.")
-        return None
-    known = KINDS[kind]
-    unknown = set(given) - set(known)
-    if unknown:
-        raise ValueError(f"weight_averaging__{min(unknown)}: weight_averaging={kind!r} takes {sorted(known)}.")
-    settings = {"kind": kind, **known, **given}
-    decay = settings.get("decay", 0.5)
-    if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not 0 < decay < 1:
-        raise ValueError(f"weight_averaging__decay must be a number in (0, 1); got {decay!r}.")
-    start = settings["start_epoch"]
-    if isinstance(start, bool) or not isinstance(start, numbers.Integral) or start < 0:
-        raise ValueError(f"weight_averaging__start_epoch must be an integer >= 0; got {start!r}.")
-    return settings
 
 
 def draw_seed(random_state) -> int:
@@ -492,25 +450,30 @@ class FitMixin:
                 self._kept_backend = session.train(
                     loop, made.source, epochs, epoch_updates, backend=self.backend, device=str(self.device),
                     client=client, policy=policy, criterion=weighted, fresh=fresh, keep=keep, owner=self,
-                    kit=kit(params),
+                    kit=kit.training_kit(params),
                     kept=self.__dict__.pop("_kept_backend", None),  # one call at a time uses it
                 )
             except (ConvergenceError, NoWorkersError, SchedulerLostError, FitInterrupted):
                 if state.loop.n_updates > start:
-                    self._commit(state)  # training stopped cleanly, with the last good weights
+                    self._commit(state, made.source)  # training stopped cleanly, with the last good weights
                 raise
             finally:
                 del self._training_state
-        self._commit(state)
+        self._commit(state, made.source)
         self._data_path = made.path
         return self
 
-    def _commit(self, state: TrainingState) -> None:
+    def _commit(self, state: TrainingState, source=None) -> None:
+        """Make ``state`` the fitted state; with ``weight_averaging``, also ``averaged_module_`` (its
+        BatchNorm statistics recomputed on the training data ``source`` holds in memory)."""
         state.set_on(self)
         averaged = averaged_copy(state.module, state.optimizer) if self.weight_averaging is not None else None
         if averaged is None:
             self.__dict__.pop("averaged_module_", None)
         else:
+            arrays = None if source is None else source.shared_arrays()
+            batch = state.history[-1]["batch_size"] if state.history else 256
+            refresh_batch_norm(averaged, None if arrays is None else arrays[0], batch)
             self.averaged_module_ = averaged
         self._damper_spec_ = damper_spec(self.get_params(deep=False))
 

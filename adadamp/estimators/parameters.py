@@ -43,6 +43,12 @@ def routed_prefix(key: str) -> str | None:
     return None
 
 
+def routed(params: Mapping, prefix: str) -> dict:
+    """The ``prefix__name`` parameters, keyed by ``name``."""
+    n = len(prefix) + 2
+    return {k[n:]: v for k, v in params.items() if k.startswith(prefix + "__")}
+
+
 def check_names(owner: str, names, known) -> None:
     """Refuse a parameter of ``owner`` that is neither one of ``known`` (its constructor's) nor routed:
     a name of the original adadamp gets its new spelling, a typo the closest name.

@@ -14,14 +14,20 @@ state carry it as they carry momentum buffers.
 from __future__ import annotations
 
 import copy
+import logging
 
+import numpy as np
 import torch
+
+logger = logging.getLogger(__name__)
 
 AVERAGE_KEY = "adadamp_average"  #: a parameter's averaged value
 COUNT_KEY = "adadamp_n_averaged"  #: the steps averaged so far (a 0-d float64 tensor, per parameter)
 
 #: The values of ``weight_averaging`` and the ``weight_averaging__*`` keys each takes, with defaults.
 KINDS = {"ema": {"decay": 0.999, "start_epoch": 0}, "swa": {"start_epoch": 0}}
+
+_BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
 
 
 def update_average(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], settings: dict,
@@ -55,3 +61,19 @@ def averaged_copy(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
         for p, a in zip((p for p in copied.parameters() if p.requires_grad), averages):
             p.copy_(a)
     return copied
+
+
+def refresh_batch_norm(module: torch.nn.Module, X: np.ndarray | None, batch_size: int) -> None:
+    """The averaged ``module``'s BatchNorm statistics recomputed for its weights over the training
+    inputs ``X`` in batches of ``batch_size`` (:func:`torch.optim.swa_utils.update_bn`, as SWA's
+    recipe ends); without BatchNorm nothing, and where the inputs are not in the client's memory
+    (``X`` None: dask data, a torch Dataset) a warning: the statistics stay the trained module's."""
+    if not any(isinstance(m, _BATCH_NORMS) for m in module.modules()):
+        return
+    if X is None:
+        logger.warning("weight_averaging: averaged_module_ keeps the trained module's BatchNorm statistics (the "
+                       "training data is not in the client's memory); recompute them with "
+                       "torch.optim.swa_utils.update_bn(loader, est.averaged_module_)")
+        return
+    batches = (torch.from_numpy(np.ascontiguousarray(X[i:i + batch_size])) for i in range(0, len(X), batch_size))
+    torch.optim.swa_utils.update_bn(batches, module)

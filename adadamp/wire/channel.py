@@ -74,8 +74,8 @@ _INT32 = np.iinfo(np.int32)
 # Reply: status (0 ok, 1 error), n, n_chunks, gradient floats, buffer floats, error bytes,
 # loss sum, chunk squared-norm sum, compute seconds, the loss's normalizer (weighted count),
 # the squared norm of the all-reduced mean gradient (NaN: not computed; the parameter server's),
-# the examples' digest (records.examples_digest).
-REPLY = struct.Struct("<qqqqqqdddddQ")
+# the examples' digest (records.examples_digest), the worker's peak memory since its last reply (bytes).
+REPLY = struct.Struct("<qqqqqqdddddQq")
 MAX_STEP = 4096  # step values an all-reduce request may carry (two per optimizer param group)
 MAX_PLAN = 8 + 65536  # plan values a request may carry (8, then one per shard)
 MAX_PARTS = 2 * 65536  # parts values a request may carry (two per shard)
@@ -403,7 +403,7 @@ class ChannelServer:
             r = self._compute(request)
         except Exception as err:  # noqa: BLE001 -- any error is the client's to raise
             message = f"{type(err).__name__}: {err}".encode(errors="replace")[:MAX_ERROR_BYTES]
-            conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0, 0.0, 0) + message)
+            conn.sendall(REPLY.pack(1, 0, 0, 0, 0, len(message), 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0) + message)
             return True
         grad, buffers = r.grad, r.buffers
         header = REPLY.pack(
@@ -419,6 +419,7 @@ class ChannelServer:
             r.weight,
             r.grad_sq_norm,
             r.digest,
+            r.peak_memory,
         )
         send_all(conn, [header] + [_as_bytes(a) for a in (grad, buffers) if a is not None])
         if self._after_reply is not None:
@@ -528,7 +529,7 @@ class Channel:
     def receive(self, deadline: float) -> GradientReply:
         """The reply to the last :meth:`send`; ``TimeoutError`` after ``deadline`` (monotonic)."""
         self.sock.settimeout(max(1e-3, deadline - time.monotonic()))
-        status, n, n_chunks, n_grad, n_buffers, n_error, loss_sum, sq_sum, compute, weight, grad_sq, digest = (
+        status, n, n_chunks, n_grad, n_buffers, n_error, loss_sum, sq_sum, compute, weight, grad_sq, digest, peak = (
             _recv_header(self.sock, REPLY)
         )
         if not (0 <= n_error <= MAX_ERROR_BYTES and n_grad in (0, self.n_weights) and 0 <= n_buffers <= self.n_buffers):
@@ -551,7 +552,8 @@ class Channel:
             buffers = np.empty(n_buffers, dtype=np.float32)
             recv_exactly(self.sock, _as_bytes(buffers))
         return GradientReply(
-            n, loss_sum, sq_sum, n_chunks, compute, grad, buffers, weight=weight, grad_sq_norm=grad_sq, digest=digest
+            n, loss_sum, sq_sum, n_chunks, compute, grad, buffers, weight=weight, grad_sq_norm=grad_sq, digest=digest,
+            peak_memory=peak,
         )
 
     def close(self) -> None:

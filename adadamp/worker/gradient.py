@@ -21,6 +21,7 @@ from ..sample_weight import SampleWeightedLoss
 from ..wire.parameters import exact_squared_norm
 from ..wire.precision import autocast
 from ..wire.seeding import generator_state, seeded
+from .memory import peak_since_last
 from .state import FitState
 
 _NOTHING = np.zeros(0, dtype=np.int64)
@@ -98,6 +99,7 @@ def share_gradient(
             buffers=_reply_buffers(state, running, n),
             weight=weight,
             digest=examples_digest(indices),
+            peak_memory=peak_since_last(state.device),
         )
 
 

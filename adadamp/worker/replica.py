@@ -47,6 +47,7 @@ from . import groups
 from .buckets import Buckets, _MeanOfBuckets
 from .generation import GroupMember, collective_backend
 from .gradient import examples, flat_buffers, set_buffers, shards_sum, weights_are_counts
+from .memory import peak_since_last
 from .state import FitState
 
 if TYPE_CHECKING:
@@ -208,6 +209,7 @@ class Replica(GroupMember):
                 weight=weight_total,
                 grad_sq_norm=sq_norm if math.isfinite(sq_norm) else math.inf,
                 digest=examples_digest(indices),  # this member's examples (the client adds them up)
+                peak_memory=peak_since_last(state.device),
             )
 
     def _begin_update(self, plan: np.ndarray, step: np.ndarray) -> tuple[BatchPlan, StepVector, bool]:

@@ -255,6 +255,7 @@ def run_adadamp(wl: Workload, X, y, backend: str = "parameter-server") -> dict:
         "breakdown": breakdown(est.history_),
         **{key: statistics.median(u[key] for row in est.history_ for u in row["updates"])
            for key in ("sent_bytes", "received_bytes")},
+        "worker_peak_mb": max(row.get("peak_memory", 0) for row in est.history_) / 2**20,  # any worker, any update
     }
 
 

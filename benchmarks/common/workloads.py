@@ -21,7 +21,7 @@ N_CLASSES = 10
 @dataclass(frozen=True)
 class Workload:
     name: str
-    model: str  # "mlp" or "cnn"
+    model: str  # "mlp", "cnn" or "resnet18"
     n: int
     n_quick: int
     shape: tuple[int, ...]  # one example
@@ -40,7 +40,7 @@ class Workload:
         """The initial model: the same weights in every process."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SEED)
-            return mlp() if self.model == "mlp" else cnn()
+            return {"mlp": mlp, "cnn": cnn, "resnet18": resnet18}[self.model]()
 
     def optimizer(self, params) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
@@ -52,6 +52,8 @@ WORKLOADS = {
         Workload("W1", "mlp", 60_000, 4_096, (784,), batch_size=512, epochs=2),
         Workload("W2", "mlp", 60_000, 2_048, (784,), batch_size=64, epochs=2),
         Workload("W3", "cnn", 20_000, 2_048, (1, 28, 28), batch_size=256, epochs=1),
+        # a real-size model: ResNet-18's widths and depth on CIFAR-shaped inputs (11.2M parameters)
+        Workload("W4", "resnet18", 1_024, 64, (3, 32, 32), batch_size=128, epochs=1),
     )
 }
 
@@ -90,6 +92,38 @@ def cnn() -> nn.Module:
         nn.Conv2d(16, 32, 5), nn.ReLU(), nn.MaxPool2d(2),  # 12 -> 8 -> 4
         nn.Flatten(), nn.Linear(32 * 4 * 4, N_CLASSES),
     )  # fmt: skip
+
+
+class _Block(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with BatchNorm, and the shortcut (a 1x1 convolution
+    where the width or the stride changes)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(),
+            nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False), nn.BatchNorm2d(c_out),
+        )
+        self.shortcut = nn.Identity() if stride == 1 and c_in == c_out else nn.Sequential(
+            nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+def resnet18() -> nn.Module:
+    """ResNet-18 for 32x32 inputs (He et al. 2016, widths 64-128-256-512, two blocks each; the CIFAR
+    stem: one 3x3 convolution, no pooling): 11.2M parameters.  Written here: torchvision's
+    ``resnet18`` is the same network with an ImageNet stem, and installing torchvision would pull
+    another torch."""
+    layers, c_in = [], 64
+    for c_out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [_Block(c_in, c_out, stride), _Block(c_out, c_out, 1)]
+        c_in = c_out
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), *layers,
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, N_CLASSES),
+    )
 
 
 def adadamp_seed(random_state: int = SEED) -> int:

@@ -143,9 +143,10 @@ def tables(records: list[dict], quick: bool) -> str:
         for key in ("sent_bytes", "received_bytes"):
             if all(key in r for r in rows):
                 s[key] = med(rows, key)
-        if peer == "adadamp":
+        if peer in ("adadamp", "allreduce") and "breakdown" in rows[0]:
             s["setup_s"] = med(rows, "setup_s")
             s["bd"] = {k: statistics.median(r["breakdown"][k] for r in rows) for k in rows[0]["breakdown"]}
+            s["worker_peak_mb"] = max(r.get("worker_peak_mb", 0.0) for r in rows)
         summary[name, peer] = s
 
     out = [
@@ -216,19 +217,35 @@ def tables(records: list[dict], quick: bool) -> str:
             for n, f in floors.items()
         ]
 
-    bds = {name: summary[name, "adadamp"] for name in names if (name, "adadamp") in summary}
+    mems = [(name, peer) for name in names for peer in PEERS[:5] if (name, peer) in summary]
+    if mems:
+        out += ["", "## Peak memory (MB)", ""]
+        out += [
+            "The peak resident memory of the run's process tree (adadamp: client, scheduler, nannies and workers;",
+            "DDP: every rank), and for adadamp the largest peak of a worker in any update (`history_`'s",
+            "`peak_memory`: resident memory, or a GPU's).",
+            "",
+            "| workload | peer | process tree | a worker |",
+            "|---|---|---:|---:|",
+        ]
+        out += [f"| {name} | {peer} | {summary[name, peer]['peak_rss_mb']:,.0f} "
+                f"| {fmt(summary[name, peer].get('worker_peak_mb'), ',.0f')} |" for name, peer in mems]
+
+    bds = {(name, peer): summary[name, peer] for name in names for peer in ("adadamp", "allreduce")
+           if "bd" in summary.get((name, peer), {})}
     if bds:
         out += ["", "## adadamp per-update breakdown (median ms over updates, from history_)", ""]
-        cols = ["workload", "compute", "comm", "aggregate", "step", "other", "update", "overhead", "floor"]
+        cols = ["workload", "backend", "compute", "comm", "aggregate", "step", "other", "update", "overhead", "floor"]
         cols += ["overhead / floor", "overhead / weights floor", "rest of the fit s"]
         out += ["| " + " | ".join(cols) + " |", "|---" + "|---:" * (len(cols) - 1) + "|"]
-        for name, s in bds.items():
+        for (name, peer), s in bds.items():
             b = {k: 1e3 * v for k, v in s["bd"].items()}
             floor = floors.get(name, {})
             ratios = [b["overhead"] / floor[k] if k in floor else None for k in ("floor_ms", "floor_weights_ms")]
             cells = " | ".join(f"{b[k]:.2f}" for k in ("compute", "comm", "aggregate", "step", "other", "update"))
             out.append(
-                f"| {name} | {cells} | {b['overhead']:.2f} | {fmt(floor.get('floor_ms'), '.2f')} "
+                f"| {name} | {'parameter-server' if peer == 'adadamp' else peer} | {cells} | {b['overhead']:.2f} "
+                f"| {fmt(floor.get('floor_ms'), '.2f')} "
                 f"| {fmt(ratios[0], '.2f')} | {fmt(ratios[1], '.2f')} | {s['setup_s']:.2f} |"
             )
 

@@ -879,6 +879,6 @@ def test_the_joiners_payload_is_the_states_size_not_the_flat_buffers_times_the_t
     owner = SimpleNamespace(module=module, criterion=nn.MSELoss(), device="cpu", optimizer=optimizer)
     payload = AllReduce.module_payload(owner)
     assert len(payload) < 1.2 * state_bytes + 64 * 1024, (len(payload), state_bytes)
-    loaded, _, _, opt = cloudpickle.loads(payload)
+    loaded, _, _, opt, _attributes = cloudpickle.loads(payload)
     assert all(torch.equal(a, b) for a, b in zip(loaded.parameters(), module.parameters()))
     assert opt.param_groups[0]["params"][0] is next(loaded.parameters())  # the optimizer on the copy's parameters

@@ -314,7 +314,8 @@ def test_micro_batches_give_adascale_the_same_statistics(client, data):
 def test_a_workers_peak_memory_stays_flat_as_the_batch_grows_16x_past_micro_batch_size():
     """A worker's peak resident memory in each fit (Linux's ``VmHWM``, reset before it): a fit
     whose shares are the bound, one whose shares are 16 times it in passes of the bound, then the
-    same without the bound (what a pass of the whole share costs: the measurement can fail)."""
+    same without the bound (what a pass of the whole share costs: the measurement can fail).  The
+    history's ``peak_memory`` (each update's, reported by the worker) tells the same."""
     import logging
 
     from distributed import Client, LocalCluster
@@ -334,7 +335,7 @@ def test_a_workers_peak_memory_stays_flat_as_the_batch_grows_16x_past_micro_batc
     rng = np.random.default_rng(1)
     X = rng.normal(size=(2048, 64)).astype(np.float32)
     y = rng.normal(size=(2048, 1)).astype(np.float32)
-    peaks = []
+    peaks, reported = [], []
     with (
         LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
                      silence_logs=logging.ERROR) as cluster,
@@ -342,12 +343,18 @@ def test_a_workers_peak_memory_stays_flat_as_the_batch_grows_16x_past_micro_batc
     ):
         for batch, micro in ((128, 128), (2048, 128), (2048, None)):
             one.run(reset_peak)
-            DaskRegressor(module=wide, optimizer=torch.optim.SGD, optimizer__lr=1e-4, batch_size=batch, max_epochs=1,
-                          random_state=0, client=one, micro_batch_size=micro, grads_per_worker=4096).fit(X, y)
+            est = DaskRegressor(module=wide, optimizer=torch.optim.SGD, optimizer__lr=1e-4, batch_size=batch,
+                                max_epochs=1, random_state=0, client=one, micro_batch_size=micro,
+                                grads_per_worker=4096).fit(X, y)
             peaks.append(next(iter(one.run(peak).values())))
+            reported.append(est.history_[-1]["peak_memory"])
+            assert all(len(u["peak_memory"]) == 1 and u["peak_memory"][0] > 0 for u in est.history_[-1]["updates"])
     bounded, grown, unbounded = peaks  # measured: 436, 435 and 518 MB
     assert grown <= 1.1 * bounded, peaks
     assert unbounded - grown > 64 * 2**20, peaks  # one pass of 2048 examples holds ~100 MB of activations
+    # (a fit's first reply counts from the worker's previous reply, before this test's reset: 1.05)
+    assert all(0.8 * p <= r <= 1.05 * p for p, r in zip(peaks, reported)), (peaks, reported)
+    assert reported[2] - reported[1] > 64 * 2**20 and reported[1] <= 1.1 * reported[0], reported
 
 
 def _graphs() -> int:
@@ -362,7 +369,7 @@ def test_a_compiled_fit_compiles_a_bounded_number_of_times_through_a_growing_bat
     """GeoDamp through 4 batch sizes (12 to 96), micro-batches of at most 24 and ragged ends (256 is
     no multiple of 48 or 96): shares of a dozen sizes, and each worker captures the module's graph
     at most twice -- once with a dynamic batch dimension, once for a one-example share (torch
-    specializes sizes 0 and 1).  The ``eager`` backend of torch.compile: the capture is what is
+    specializes sizes 0 and 1); the next fit of the module captures nothing new.  The ``eager`` backend of torch.compile: the capture is what is
     counted (inductor compiles what is captured)."""
     from adadamp.dampers import GeoDamp
 
@@ -377,6 +384,11 @@ def test_a_compiled_fit_compiles_a_bounded_number_of_times_through_a_growing_bat
     assert all(1 <= g <= 2 for g in graphs), graphs
     eager = _fit(client, data, backend, 2, module, micro_batch_size=24, **schedule)
     assert _distance(est, eager.module_) < 1e-6
+    before = client.run(_graphs)  # the next fit of the module reuses what the workers compiled
+    again = _fit(client, data, backend, 2, module, compile=True, compile__backend="eager", micro_batch_size=24,
+                 **schedule)
+    assert [g - before[w] for w, g in client.run(_graphs).items()] == [0, 0]
+    assert _distance(again, est.module_) == 0.0
 
 
 def test_compile_with_inductor_trains_as_the_eager_module(client, data):
@@ -443,3 +455,28 @@ def test_the_average_resumes_from_a_checkpoint_and_a_partial_fit(client, data, t
     assert steps == [EPOCHS * N // BATCH] * len(steps)
     whole.partial_fit(*data)
     assert {int(s["adadamp_n_averaged"]) for s in whole.optimizer_.state.values()} == {(EPOCHS + 1) * N // BATCH}
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_the_averaged_modules_batchnorm_statistics_are_recomputed_for_its_weights(client, data):
+    """SWA's recipe ends with ``update_bn``: the averaged module's running statistics are those of
+    its own weights over the training data (one worker: the batch is one BatchNorm pass, as in
+    PyTorch), not the trained module's."""
+    torch.manual_seed(1)
+    module = BatchNormNet()
+    est = _fit(client, data, PS, 1, module, weight_averaging="swa")
+    averaged, _ = _reference(data, module, est.loop_.seed, averaged=("swa", 0))
+    batches = [torch.from_numpy(data[0][i:i + BATCH]) for i in range(0, N, BATCH)]
+    torch.optim.swa_utils.update_bn(batches, averaged)
+    ours, theirs = est.averaged_module_.net[1], averaged.net[1]
+    np.testing.assert_allclose(ours.running_mean, theirs.running_mean, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(ours.running_var, theirs.running_var, rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(ours.running_mean, est.module_.net[1].running_mean, rtol=1e-3)

@@ -161,3 +161,25 @@ def test_kit_quick_measures_every_variant_for_both(tmp_path):
     assert [r["variant"] for r in rows] == list(bench.VARIANTS)
     assert all(r["ours_s"] > 0 and r["plain_s"] > 0 and r["relative"] > 0 for r in rows)
     assert "| 16-mixed |" in (tmp_path / "kit.md").read_text()
+
+
+def test_the_real_size_workload_runs_on_both_backends_beside_plain_pytorch(tmp_path):
+    """``python -m benchmarks.run --workload W4 --quick``: the ResNet-18-size CNN (11.2M parameters)
+    through plain PyTorch and both backends; the report has each one's whole fit, the training
+    process's and a worker's peak memory, and both backends' per-update breakdown."""
+    from benchmarks.common.workloads import WORKLOADS
+
+    assert 11.0e6 < sum(p.numel() for p in WORKLOADS["W4"].module().parameters()) < 11.5e6
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "results.md"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--workload", "W4", "--peers", "plain", "adadamp",
+                           "allreduce", "--quick", "--out", str(out)],
+                          cwd=root, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert not [r for r in records if "error" in r], records
+    assert all(r["worker_peak_mb"] > 100 for r in records if r["peer"] != "plain")  # a worker holds the model
+    report = out.read_text()
+    for peer in ("plain", "adadamp", "allreduce"):
+        assert f"| W4 | {peer} |" in report
+    assert "| W4 | parameter-server |" in report and "| W4 | allreduce | " in report

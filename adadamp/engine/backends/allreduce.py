@@ -552,7 +552,7 @@ def _collect(totals: Totals, replied: list, examples: dict[str, int]):
     compute time (the slowest member's is the update's)."""
 
     def add(request, reply) -> None:
-        totals.measured(request.worker, examples[request.worker], reply.compute_time)
+        totals.measured(request.worker, examples[request.worker], reply.compute_time, reply.peak_memory)
         totals.digest = (totals.digest + reply.digest) % 2**64
         replied.append(reply)
 

@@ -545,6 +545,7 @@ class Backend(Sizing, abc.ABC):
             sent_bytes=self.transport.round_bytes[0],
             received_bytes=self.transport.round_bytes[1],
             shares=[int(total.per_worker.get(w, (0,))[0]) for w in self.workers],
+            peak_memory=[total.memory.get(w, 0) for w in self.workers],
             stragglers=self.speeds.stragglers(self.workers),
             lost=len(set(self.members.lost_in_rounds)),
             lent=len(self._lent_workers()),
