@@ -256,15 +256,16 @@ def test_adascale_sees_the_unscaled_gradients_statistics(client, data, precision
 
 
 @pytest.mark.parametrize("backend", [PS, AR])
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("name", ["Lamb", "LARS"])
-def test_large_batch_optimizers_from_pytorch_optimizer_train_as_in_one_process(client, data, backend, name):
+def test_large_batch_optimizers_from_pytorch_optimizer_train_as_in_one_process(client, data, backend, workers, name):
     """Any torch.optim.Optimizer: LAMB (You et al. 2020) and LARS from the pytorch-optimizer
     package, the large-batch optimizers no framework ships, with clipping and a warmup."""
     import pytorch_optimizer
 
     optimizer = getattr(pytorch_optimizer, name)
     module = _start()
-    est = _fit(client, data, backend, 2, module, optimizer=optimizer, clip_grad_norm=1.0,
+    est = _fit(client, data, backend, workers, module, optimizer=optimizer, clip_grad_norm=1.0,
                callbacks=[Warmup(updates=4, start_factor=0.25)])
     model, _ = _reference(data, module, est.loop_.seed, optimizer=optimizer, clip=1.0, warmup=(4, 0.25))
     assert _distance(est, model) < 1e-5
@@ -416,13 +417,14 @@ def test_16_mixed_skips_alike_where_the_step_is_planned_after_the_round(client, 
 
 
 @pytest.mark.parametrize("backend", [PS, AR])
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize(("kind", "start"), [("ema", 0), ("swa", 1)])
-def test_weight_averaging_is_averagedmodels_and_predict_uses_it(client, data, backend, kind, start):
+def test_weight_averaging_is_averagedmodels_and_predict_uses_it(client, data, backend, workers, kind, start):
     """EMA (decay 0.9) from the first step, SWA from data epoch 1: ``averaged_module_`` holds
     AveragedModel's weights on the same batches; ``predict`` uses them, ``module_`` the trained."""
     module = _start()
     settings = {"weight_averaging__decay": 0.9} if kind == "ema" else {}
-    est = _fit(client, data, backend, 2, module, weight_averaging=kind, weight_averaging__start_epoch=start,
+    est = _fit(client, data, backend, workers, module, weight_averaging=kind, weight_averaging__start_epoch=start,
                **settings)
     averaged, _ = _reference(data, module, est.loop_.seed, averaged=(kind, start))
     trained, _ = _reference(data, module, est.loop_.seed)
