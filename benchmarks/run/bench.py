@@ -44,6 +44,7 @@ class PeakRSS:
 
     def __init__(self):
         self.peak, self._stop = 0.0, threading.Event()
+        self.own_peak = 0.0  # this process alone (adadamp: the client; plain: the training loop)
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
@@ -56,9 +57,12 @@ class PeakRSS:
             total = 0
             for p in [me, *me.children(recursive=True)]:
                 try:
-                    total += p.memory_info().rss
+                    rss = p.memory_info().rss
                 except psutil.Error:
-                    pass
+                    continue
+                total += rss
+                if p is me:
+                    self.own_peak = max(self.own_peak, rss / 2**20)
             self.peak = max(self.peak, total / 2**20)
             self._stop.wait(0.5)
 
@@ -90,7 +94,7 @@ def run_one(peer: str, name: str, quick: bool) -> dict:
             res["samples_per_s"] = len(X) * wl.epochs / res["fit_s"]  # the headline: the whole call
             res["updates_per_s"] = res["n_updates"] / res["fit_s"]
             res["steady_samples_per_s"] = len(X) * wl.epochs / res["train_s"]
-    return {"workload": name, "peer": peer, "quick": quick, **res, "peak_rss_mb": mem.peak}
+    return {"workload": name, "peer": peer, "quick": quick, **res, "peak_rss_mb": mem.peak, "own_peak_mb": mem.own_peak}
 
 
 # ------------------------------------------------------------------ driver (parent process)
@@ -139,6 +143,7 @@ def tables(records: list[dict], quick: bool) -> str:
         if peer == "ddp":
             s["ddp"] = {k: med(rows, k) for k in ("start_s", "init_s", "data_s", "first_fit_s", "fit_s", "script_s")}
         s["peak_rss_mb"] = max(r["peak_rss_mb"] for r in rows)
+        s["own_peak_mb"] = max(r.get("own_peak_mb", 0.0) for r in rows)
         s["n"] = len(rows)
         for key in ("sent_bytes", "received_bytes"):
             if all(key in r for r in rows):
@@ -222,13 +227,15 @@ def tables(records: list[dict], quick: bool) -> str:
         out += ["", "## Peak memory (MB)", ""]
         out += [
             "The peak resident memory of the run's process tree (adadamp: client, scheduler, nannies and workers;",
-            "DDP: every rank), and for adadamp the largest peak of a worker in any update (`history_`'s",
-            "`peak_memory`: resident memory, or a GPU's).",
+            "DDP: every rank) and of its first process alone (adadamp: the client, with the LocalCluster's scheduler",
+            "in it; DDP: the parent that spawned the ranks; sampled every 0.5 s), and for adadamp the largest peak",
+            "of a worker in any update (`history_`'s `peak_memory`: resident memory, or a GPU's).",
             "",
-            "| workload | peer | process tree | a worker |",
-            "|---|---|---:|---:|",
+            "| workload | peer | process tree | first process | a worker |",
+            "|---|---|---:|---:|---:|",
         ]
         out += [f"| {name} | {peer} | {summary[name, peer]['peak_rss_mb']:,.0f} "
+                f"| {summary[name, peer]['own_peak_mb']:,.0f} "
                 f"| {fmt(summary[name, peer].get('worker_peak_mb'), ',.0f')} |" for name, peer in mems]
 
     bds = {(name, peer): summary[name, peer] for name in names for peer in ("adadamp", "allreduce")
