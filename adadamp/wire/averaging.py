@@ -19,6 +19,8 @@ import logging
 import numpy as np
 import torch
 
+from .parameters import BATCH_NORMS
+
 logger = logging.getLogger(__name__)
 
 AVERAGE_KEY = "adadamp_average"  #: a parameter's averaged value
@@ -26,8 +28,6 @@ COUNT_KEY = "adadamp_n_averaged"  #: the steps averaged so far (a 0-d float64 te
 
 #: The values of ``weight_averaging`` and the ``weight_averaging__*`` keys each takes, with defaults.
 KINDS = {"ema": {"decay": 0.999, "start_epoch": 0}, "swa": {"start_epoch": 0}}
-
-_BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
 
 
 def update_average(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], settings: dict,
@@ -68,7 +68,7 @@ def refresh_batch_norm(module: torch.nn.Module, X: np.ndarray | None, batch_size
     inputs ``X`` in batches of ``batch_size`` (:func:`torch.optim.swa_utils.update_bn`, as SWA's
     recipe ends); without BatchNorm nothing, and where the inputs are not in the client's memory
     (``X`` None: dask data, a torch Dataset) a warning: the statistics stay the trained module's."""
-    if not any(isinstance(m, _BATCH_NORMS) for m in module.modules()):
+    if not any(isinstance(m, BATCH_NORMS) for m in module.modules()):
         return
     if X is None:
         logger.warning("weight_averaging: averaged_module_ keeps the trained module's BatchNorm statistics (the "

@@ -99,6 +99,9 @@ def float_buffers(module: torch.nn.Module) -> list[torch.Tensor]:
     return [b for b in module.buffers() if b.is_floating_point()]
 
 
+#: The BatchNorm layers (their training forward normalizes by the pass's statistics).
+BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
 #: Layers whose training forward couples the examples of a pass (batch statistics) or draws random
 #: numbers (dropout, RReLU's slopes): a pass over two shards is not the two shards' passes.
 _COUPLING = (torch.nn.modules.batchnorm._NormBase, torch.nn.modules.dropout._DropoutNd, torch.nn.RReLU)

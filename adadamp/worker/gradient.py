@@ -18,7 +18,7 @@ import torch
 from ..exceptions import ShareTooSmallError
 from ..records import GradientReply, examples_digest
 from ..sample_weight import SampleWeightedLoss
-from ..wire.parameters import exact_squared_norm
+from ..wire.parameters import BATCH_NORMS, exact_squared_norm
 from ..wire.precision import autocast
 from ..wire.seeding import generator_state, seeded
 from .memory import peak_since_last
@@ -342,7 +342,6 @@ def examples(state: FitState, indices, epoch: int, ahead) -> tuple[torch.Tensor,
     return state.data.gather(indices)
 
 
-_BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
 
 
 def _forward(state: FitState, X: torch.Tensor) -> torch.Tensor:
@@ -361,7 +360,7 @@ def _forward(state: FitState, X: torch.Tensor) -> torch.Tensor:
             torch._dynamo.mark_dynamic(X, 0)
         return state.compiled(X)
     except ValueError as err:
-        if len(X) == 1 and module.training and any(isinstance(m, _BATCH_NORMS) for m in module.modules()):
+        if len(X) == 1 and module.training and any(isinstance(m, BATCH_NORMS) for m in module.modules()):
             raise ShareTooSmallError(
                 "A worker's share of this update was 1 example, too few for the module's batch normalization "
                 "in training mode. Shares follow where the data lives, so raise the batch size or "
