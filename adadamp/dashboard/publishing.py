@@ -14,7 +14,7 @@ import os
 import time
 import uuid
 
-from .server import TOPIC, UPDATE_FIELDS, serve
+from .server import TOPIC, UPDATE_FIELDS, overview_line, serve
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class Publisher:
         self.start = time.time()
         self._pending: list[dict] = []
         self._last_flush = time.monotonic()
-        self._broken = False
+        self._broken = self._ended = False
         page = serve(client)
         #: This fit's page (``http://.../adadamp?fit=ID``), or None where the scheduler serves none.
         self.url = None if page is None else f"{page}?fit={self.fit}"
@@ -85,9 +85,28 @@ class Publisher:
         self._send(self.topic, {"kind": "epoch", "row": fields, "eta": None if eta is None else float(eta),
                                 "time": time.time() - self.start})
 
+    def training(self) -> None:
+        """The fit has its workers: the page shows it running (before: waiting for workers)."""
+        self._send(self.topic, {"kind": "training", "time": time.time() - self.start})
+
     def end(self, error: str | None = None) -> None:
+        """The fit ended (``error``: how it failed); once: a second call publishes nothing."""
+        if self._ended:
+            return
+        self._ended = True
         self.flush()
         self._send(self.topic, {"kind": "end", "error": error, "time": time.time() - self.start})
+
+    def overview(self) -> str | None:
+        """The run of fits this one belongs to, in a line (:func:`~.server.overview_line`: a search's
+        fits done, running and waiting), or None where the scheduler cannot tell."""
+        if self._broken:
+            return None
+        try:
+            return self.client.run_on_scheduler(overview_line, fit=self.fit)
+        except Exception as err:  # noqa: BLE001 -- monitoring never stops a fit
+            logger.info("no overview of the fits on this cluster (%r)", err)
+            return None
 
 
 def _shares(record: dict) -> dict:

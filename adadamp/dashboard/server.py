@@ -85,20 +85,15 @@ def _text(value) -> str | None:
 EPOCH_FIELDS = ("epoch", "n_updates", "n_samples_seen", "train_loss", "valid_loss", "batch_size")
 
 
-def fit_data(scheduler, fit: str) -> dict:
-    """Everything the page shows of one fit: its parameters, update and epoch series, progress.  Each
-    field of the fit's events is read on its own: one that is not a finite number (None, a string, NaN,
-    infinity) or is missing is None (null in the JSON, a blank in the table), and an event or row of
-    another shape is skipped.  ``batch_schedule`` is the schedule's batch size (a row published
-    without it: its ``batch_size``); ``lost`` lists only the updates that lost workers, so that the
-    page marks those and draws nothing where nothing was lost."""
-    start = next((f for f in fit_list(scheduler) if f["fit"] == fit), None)
-    columns = UPDATE_COLUMNS
+def _fit_events(scheduler, fit: str) -> tuple[list[dict], list[dict], dict | None, bool]:
+    """Fit ``fit``'s published update rows, epoch rows, end (None while it runs), and whether it has
+    its workers (it published ``training``), each field read on its own (see :func:`fit_data`)."""
     rows: list[dict] = []
     epochs: list[dict] = []
-    end = None
+    end, training = None, False
     for _, msg in scheduler.get_events(f"{TOPIC}/{fit}"):
         kind = msg.get("kind") if isinstance(msg, dict) else None
+        training = training or kind in ("training", "updates", "epoch")
         if kind == "updates" and isinstance(msg.get("rows"), list | tuple):  # msgpack: tuples
             rows.extend(row for row in msg["rows"] if isinstance(row, dict))
         elif kind == "epoch" and isinstance(msg.get("row"), dict):
@@ -108,6 +103,26 @@ def fit_data(scheduler, fit: str) -> dict:
             error = msg.get("error")
             end = {"error": None if error is None or error == "" else _text(error) or "(no message)",
                    "time": _finite(msg.get("time"))}
+    return rows, epochs, end, training
+
+
+def _state(end: dict | None, training: bool) -> str:
+    """``waiting for workers`` (before its backend has them), ``running``, ``finished`` or ``failed: ...``."""
+    if end is not None:
+        return "failed: " + end["error"] if end["error"] else "finished"
+    return "running" if training else "waiting for workers"
+
+
+def fit_data(scheduler, fit: str) -> dict:
+    """Everything the page shows of one fit: its parameters, update and epoch series, progress.  Each
+    field of the fit's events is read on its own: one that is not a finite number (None, a string, NaN,
+    infinity) or is missing is None (null in the JSON, a blank in the table), and an event or row of
+    another shape is skipped.  ``batch_schedule`` is the schedule's batch size (a row published
+    without it: its ``batch_size``); ``lost`` lists only the updates that lost workers, so that the
+    page marks those and draws nothing where nothing was lost."""
+    start = next((f for f in fit_list(scheduler) if f["fit"] == fit), None)
+    columns = UPDATE_COLUMNS
+    rows, epochs, end, training = _fit_events(scheduler, fit)
     stride = max(1, math.ceil(len(rows) / MAX_POINTS))
     shown = rows[::stride]
     if rows and shown[-1] is not rows[-1]:
@@ -130,7 +145,7 @@ def fit_data(scheduler, fit: str) -> dict:
         "batch_size": _first(now["batch_schedule"], last.get("batch_size")),  # the schedule's, now
         "workers": now["n_workers"],
         "eta_s": None if end is not None else last.get("eta"),
-        "state": "running" if end is None else ("failed: " + end["error"] if end["error"] else "finished"),
+        "state": _state(end, training),
         "elapsed_s": _first(end and end["time"], now["time"], 0.0),
     }
     return {
@@ -147,6 +162,56 @@ def fit_data(scheduler, fit: str) -> dict:
 def _first(*values):
     """The first of ``values`` that is not None (None where all are)."""
     return next((v for v in values if v is not None), None)
+
+
+#: Fits that start within this many seconds of the previous ones' end are one run of fits (a search's).
+RUN_GAP = 60.0
+
+
+def fits_overview(scheduler, fit: str | None = None, now: float | None = None) -> dict:
+    """The run of fits that ``fit`` (default: the newest) belongs to: the fits published to this
+    scheduler that started while an earlier one of them ran or within :data:`RUN_GAP` seconds of its
+    end -- a search's fits, whatever process or joblib backend ran them.  Returns each fit's state,
+    epoch and time left, the count of each state, and ``eta_s``: the seconds until the last running
+    fit ends by their estimates (None when none has one).  The fits a search has not started yet are
+    not known to the scheduler, so they are not counted."""
+    import time
+
+    now = time.time() if now is None else now
+    fits = []
+    for start in sorted(fit_list(scheduler), key=lambda f: f["time"]):
+        _, epochs, end, training = _fit_events(scheduler, start["fit"])
+        last = epochs[-1] if epochs else {}
+        eta = last.get("eta")
+        if end is None and eta is not None:  # the estimate at the epoch's end, less the time since
+            eta = max(0.0, eta - max(0.0, now - start["time"] - (last.get("time") or 0.0)))
+        ended = start["time"] + (end["time"] or 0.0) if end is not None else math.inf
+        fits.append({"fit": start["fit"], "name": start["name"], "time": start["time"], "ended": ended,
+                     "state": _state(end, training), "epoch": len(epochs), "epochs": start["epochs"],
+                     "eta_s": None if end is not None else eta})
+    runs: list[list[dict]] = []
+    for f in fits:
+        if not runs or f["time"] > max(g["ended"] for g in runs[-1]) + RUN_GAP:
+            runs.append([])
+        runs[-1].append(f)
+    run = next((r for r in runs if any(f["fit"] == fit for f in r)), runs[-1] if runs else [])
+    counts = dict.fromkeys(("finished", "running", "waiting for workers", "failed"), 0)
+    for f in run:
+        counts[f["state"].split(":")[0]] += 1
+    etas = [f["eta_s"] for f in run if f["eta_s"] is not None]
+    return {"fits": [{k: v for k, v in f.items() if k != "ended"} for f in reversed(run)], "counts": counts,
+            "eta_s": max(etas) if etas else None}
+
+
+def overview_line(dask_scheduler, fit: str) -> str | None:
+    """:func:`fits_overview` in a line, for a fit's ``verbose`` output (run on the scheduler); None
+    for a fit alone in its run."""
+    o = fits_overview(dask_scheduler, fit)
+    if len(o["fits"]) < 2:
+        return None
+    counts = ", ".join(f"{n} {state}" for state, n in o["counts"].items())
+    left = "" if o["eta_s"] is None else f"; the running fits end in about {o['eta_s']:.1f} s"
+    return f"fits on this cluster (this run of {len(o['fits'])}): {counts}{left}"
 
 
 def _json(value) -> str:
@@ -217,7 +282,8 @@ class TrainingData(_FitHandler):
             self.write(_json(data[what]))
             return
         listed = [{"fit": f["fit"], "name": f["name"], "time": f["time"]} for f in fits]
-        self.write(_json({"fits": listed, **{k: v for k, v in data.items() if k not in series}}))
+        run = fits_overview(self.server, fit)
+        self.write(_json({"fits": listed, "run": run, **{k: v for k, v in data.items() if k not in series}}))
 
 
 class TrainingPage(_FitHandler):

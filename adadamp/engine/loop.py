@@ -32,12 +32,17 @@ class Page(Protocol):
     """Where the loop publishes a fit's progress as it goes (the live page on the Dask dashboard)."""
 
     url: str | None
+    fit: str
+
+    def training(self) -> None: ...
 
     def update(self, n_update: int, record: dict) -> None: ...
 
     def epoch(self, row: dict, eta: float | None) -> None: ...
 
     def end(self, error: str | None = None) -> None: ...
+
+    def overview(self) -> str | None: ...
 
 #: With ``verbose``, the fit's first epoch prints its time left after this many updates (or seconds).
 FIRST_ESTIMATE = (20, 5.0)
@@ -66,6 +71,7 @@ class FitLoop:
         self.checkpoint_every = checkpoint_every
         self.verbose = verbose
         self.valid = valid
+        self._publisher: Page | None = None
 
     def call(self, hook: str, **info) -> None:
         s = self.state
@@ -80,6 +86,7 @@ class FitLoop:
         if self._mark != self._epoch_start:
             self._gaps.append(max(0.0, now - self._mark - updates[-1]["update_time"]))
         self._mark = now
+        self._note_shortfall(updates[-1])
         # The epoch's last update is saved, and stopped after, with the epoch's row (``_run``): a
         # checkpoint of a finished epoch without its row would make the resumed fit train it again.
         ends_epoch = not self.state.loop.in_epoch(self._epoch_end)
@@ -102,6 +109,25 @@ class FitLoop:
             print(f"time left: about {eta:.1f} s (estimated from the first {len(updates)} updates; "
                   f"fit {self._publisher.fit})", flush=True)
         self.call("on_update_end", record=updates[-1], eta=eta)
+
+    def open_page(self, client: Client, epochs: int) -> None:
+        """Open the fit's page on ``client``'s scheduler (once), before the fit waits for its workers,
+        so that the page shows it from its start; with ``verbose``, say which fit this is and, once
+        per page and process, where its page is."""
+        if self._publisher is not None:
+            return
+        self._publisher = self.page(client, math.floor(self.state.loop.epoch + 1e-9) + epochs)
+        if self.verbose:  # which fit the rows below are (a search's fits print theirs interleaved)
+            print(f"fit {self._publisher.fit}: {self.label}", flush=True)
+        if self._publisher.url is not None:  # logged; printed where the user looks, once per page and process
+            logger.info("live training page: %s", self._publisher.url)
+            if self.verbose and _first_on_page(self._publisher.url):
+                print(f"live training page: {self._publisher.url} (this process's other fits: ?fit=<id>)", flush=True)
+
+    def close_page(self, error: BaseException) -> None:
+        """The fit failed before or while it trained: its page says how (once)."""
+        if self._publisher is not None:
+            self._publisher.end(error=f"{type(error).__name__}: {error}")
 
     def _interrupted(self) -> FitInterrupted:
         loop = self.state.loop
@@ -131,14 +157,26 @@ class FitLoop:
                          epoch_overhead=overhead, start=members.start_latency if scaling else None,
                          running=members.running() if scaling else 0)
 
+    def _note_shortfall(self, record: dict) -> None:
+        """Remember the largest want an update ran short of (a shared or full cluster: a search's
+        fits divide it), so that the time left stops counting on workers that do not come."""
+        members = getattr(self._backend, "members", None)
+        if members is not None and isinstance(record.get("n_workers"), int):
+            wanted = members.wanted(int(record["batch_size"]))
+            if record["n_workers"] < wanted:
+                self._short = max(self._short, wanted)
+
     def _workers_for(self, batch: int) -> int:
-        """The workers an update of ``batch`` examples will have: those the policy wants for it on a
-        cluster the fit scales, else no more than the cluster runs."""
+        """The workers an update of ``batch`` examples will have: no more than the fit has where an
+        update already ran short of as many (they are not coming); else those the policy wants for
+        it on a cluster the fit scales, or no more than the cluster runs."""
         members = getattr(self._backend, "members", None)
         if members is None:  # a backend without membership: the workers of the latest update
             done = [u for row in self.state.history[-1:] for u in row["updates"]]
             return done[-1]["n_workers"] if done else 1
         wanted = members.wanted(int(batch))
+        if wanted <= self._short:
+            return max(1, min(wanted, len(members.workers)))
         return wanted if members.policy.scale else min(wanted, members.running())
 
     def run(self, backend: Backend, epochs: int, epoch_updates: list[dict]) -> None:
@@ -153,14 +191,10 @@ class FitLoop:
         self._backend, self._last_epoch = backend, last_epoch
         self._writer = None if self.checkpoint is None else checkpoint_mod.Writer(self.checkpoint, s)
         self._gaps, self._overheads = [], []  # seconds between updates; each epoch's outside its updates
+        self._short = 0  # the largest want an update ran short of
         s.loop.end_epoch = float(last_epoch) if self.budgeted else None
-        self._publisher = self.page(backend.client, last_epoch)
-        if self.verbose:  # which fit the rows below are (a search's fits print theirs interleaved)
-            print(f"fit {self._publisher.fit}: {self.label}", flush=True)
-        if self._publisher.url is not None:  # logged; printed where the user looks, once per page and process
-            logger.info("live training page: %s", self._publisher.url)
-            if self.verbose and _first_on_page(self._publisher.url):
-                print(f"live training page: {self._publisher.url} (this process's other fits: ?fit=<id>)", flush=True)
+        self.open_page(backend.client, epochs)  # where the session has not opened it yet
+        self._publisher.training()
         self.call("on_train_begin")
         try:
             for i in range(epochs):
@@ -193,13 +227,17 @@ class FitLoop:
         except StopTraining as stop:
             logger.info("training stopped early: %s", stop)
         except BaseException as err:
-            self._publisher.end(error=f"{type(err).__name__}: {err}")
+            self.close_page(err)
             raise
         finally:
             s.loop.end_epoch = None  # the next call sets its own
             if self._writer is not None:
                 self._writer.close()  # the last checkpoint on disk before fit returns or raises
         self._publisher.end()
+        if self.verbose:  # a search's progress as a whole, at each of its fits' end
+            line = self._publisher.overview()
+            if line:
+                print(f"{line} (fit {self._publisher.fit} done)", flush=True)
         self.call("on_train_end")
 
 

@@ -142,6 +142,9 @@ class _Call:
     kit: TrainingKit = dataclasses.field(default_factory=TrainingKit)
 
     def open(self, client: Client, policy: cl.ClusterPolicy) -> Backend:
+        """The backend (not entered yet); the fit's page opens first, so that it shows the fit while
+        the backend waits for its workers."""
+        self.loop.open_page(client, self.epochs)
         return _open(self.backend, client, policy, self.loop.state, self.data, self.device, self.criterion, self.kit)
 
     def run(self, backend: Backend) -> None:
@@ -159,6 +162,9 @@ def _train_once(call: _Call) -> None:
             call.open(on, sized) as opened,
         ):
             call.run(opened)
+    except BaseException as err:
+        call.loop.close_page(err)  # (the loop closed it already where it failed while training)
+        raise
     finally:
         call.data.release()
 
@@ -204,7 +210,8 @@ def _resume_or_open(call: _Call, claimed: Backend | None) -> Backend:
         return claimed
     try:
         return call.open(call.client, call.policy).__enter__()
-    except BaseException:
+    except BaseException as err:
+        call.loop.close_page(err)
         call.data.release()
         raise
 

@@ -87,7 +87,7 @@ def _table(out: str) -> list[str]:
     """The verbose table's lines (header first) of what a fit printed."""
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["epoch"])
-    return lines[header:]
+    return lines[header:header + 1] + [line for line in lines[header + 1:] if line.strip()[:1].isdigit()]
 
 
 def test_progress_bar_and_verbose_table(client, data, capsys):
@@ -279,6 +279,27 @@ def test_time_left_is_not_set_by_a_slow_first_update_nor_a_growth_step():
     state = TrainingState(None, None, None, damper, loop, history=history)
     truth = 0.001 * len(coming_batches(state, 6))  # 4 more epochs of updates at 1 ms
     assert time_left(state, 6) == pytest.approx(truth, rel=0.3)
+
+
+def test_time_left_in_a_search_counts_the_workers_a_fit_has_not_those_it_wants():
+    """A search's fits divide the cluster: each wants 4 workers and trains on 2.  Their time left
+    counted 4 (and a worker start before the next epoch) at every epoch: ~6.3 s where 0.15 s were left.
+    Once an update ran short of a want, the estimate counts the workers the fit has; a larger want
+    (a growth to come) is still counted as asked for."""
+    import types
+
+    from adadamp.engine.loop import FitLoop
+
+    members = types.SimpleNamespace(policy=types.SimpleNamespace(scale=True), workers=["a", "b"],
+                                    wanted=lambda batch: 4 if batch <= 64 else 8, running=lambda: 4)
+    loop = FitLoop(None, None, page=None)
+    loop._backend, loop._short = types.SimpleNamespace(members=members), 0
+    assert loop._workers_for(64) == 4  # nothing measured: what the fit asked for
+    loop._note_shortfall({"batch_size": 64, "n_workers": 2})  # it trained on 2 of the 4
+    assert loop._workers_for(64) == 2 and loop._workers_for(32) == 2
+    assert loop._workers_for(128) == 8  # a want never asked for yet: the cluster may grow for it
+    loop._note_shortfall({"batch_size": 64, "n_workers": 4})  # one update with its 4 changes nothing
+    assert loop._workers_for(64) == 2
 
 
 def test_progress_bar_shows_the_schedules_batch_size():

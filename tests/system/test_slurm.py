@@ -485,10 +485,14 @@ def test_two_growing_fits_share_one_slurm_allocation(slurm, tmp_path, request):
     assert all(state in FINISHED for state in final.values()), final
 
 
-def test_a_loky_search_grows_a_slurm_cluster_that_has_no_job(slurm, tmp_path, request):
-    """joblib's default backend with ``client=`` on a SLURMCluster with no job yet: the fits in loky's
-    processes declare their wants to the scheduler's allocator and the adaptive of this process submits
-    the jobs (main's fits declared no growth: no job was ever submitted); scores bitwise those of the
+@pytest.mark.parametrize("backend", ["loky", "dask"])
+def test_a_search_grows_a_slurm_cluster_that_has_no_job(slurm, tmp_path, request, backend):
+    """A search on a SLURMCluster with no job yet, as the shared-cluster guide's recipes have it.
+    loky with ``client=``: the fits in loky's processes declare their wants to the scheduler's
+    allocator and the adaptive of this process submits the jobs (main's fits declared no growth: no
+    job was ever submitted).  joblib's "dask" backend: the adaptive keeps one job (``minimum=1``:
+    joblib waits for a worker before it submits a fit; main's gave up after 10 s, no job submitted)
+    and the fits, tasks on the workers, grow the cluster to their wants.  Scores bitwise those of the
     threading search on the same cluster."""
     import joblib
     from sklearn.model_selection import GridSearchCV
@@ -502,20 +506,24 @@ def test_a_loky_search_grows_a_slurm_cluster_that_has_no_job(slurm, tmp_path, re
                                     grads_per_worker=16, random_state=0, worker_timeout=120, update_timeout=60)
         return GridSearchCV(est, {"optimizer__lr": [0.01, 0.03]}, cv=2, n_jobs=2, error_score="raise")
 
-    with slurm_cluster(tmp_path, "loky") as (cluster, client, jobs):
-        adapt(cluster, maximum=2)
+    with slurm_cluster(tmp_path, backend) as (cluster, client, jobs):
+        adapt(cluster, minimum=1 if backend == "dask" else 0, maximum=2)
         assert not jobs.active()
         t0 = time.monotonic()
-        with joblib.parallel_config(backend="loky"):
-            cold = search(client).fit(X, y)
+        if backend == "loky":
+            with joblib.parallel_config(backend="loky"):
+                cold = search(client).fit(X, y)
+        else:
+            with client.as_current(), joblib.parallel_config(backend="dask", wait_for_workers_timeout=120):
+                cold = search(None).fit(X, y)  # the fits run on the workers, on their client
         took = time.monotonic() - t0
         with joblib.parallel_config(backend="threading"):
             warm = search(client).fit(X, y)
         submitted = len(jobs.states())
         cluster.scale(0)
         final = jobs.wait_all_ended(60)
-    _say(request.config, f"[slurm] loky search from no job: {took:.1f} s, {submitted} jobs submitted")
-    jobs.report(request.config, "loky")
+    _say(request.config, f"[slurm] {backend} search from no job: {took:.1f} s, {submitted} jobs submitted")
+    jobs.report(request.config, backend)
     assert 1 <= submitted <= 4, submitted
     for split in ("split0_test_score", "split1_test_score"):
         np.testing.assert_array_equal(cold.cv_results_[split], warm.cv_results_[split])

@@ -39,6 +39,10 @@ async function refresh() {
       ["batch_size", p.batch_size], ["workers", p.workers], ["elapsed_s", fmt(p.elapsed_s, 3)],
       ["time_left_s", fmt(p.eta_s, 3)]]);
     cells("params", Object.entries(r.params));
+    const run = r.run, n = run.counts;  // the run of fits this one is in (a search's, as far as they started)
+    cells("run", [["fits_in_this_run", run.fits.length], ["finished", n.finished], ["running", n.running],
+      ["waiting_for_workers", n["waiting for workers"]], ["failed", n.failed],
+      ["run_time_left_s", fmt(run.eta_s, 3)]]);
     const doc = window.Bokeh && Bokeh.documents[0];
     if (doc) await plot(doc);
     const src = doc && doc.get_model_by_name("updates");
