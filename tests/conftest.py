@@ -2,11 +2,13 @@
 SLURM of ``tests/system/slurm`` (``slurm``), the emulated hosts of ``tests/system/netbed`` (``netbed_ready``), and a check for processes a test left behind."""
 
 import contextlib
+import fcntl
 import gc
 import logging
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import dask
@@ -18,6 +20,9 @@ from distributed import Client, LocalCluster
 SLURM_DIR = Path(__file__).resolve().parent / "system" / "slurm"
 SLURM_START_TIMEOUT = 420  # seconds; the first start may install packages with apt-get
 BROWSER_INSTALL = Path(__file__).resolve().parent / "system" / "browser" / "install.sh"
+#: Held by the test that uses the machine's one SLURM or its emulated hosts (and by SLURM's start):
+#: under pytest-xdist (CI's ``-n 2``) such tests of different processes run one at a time.
+SYSTEM_LOCK = Path(tempfile.gettempdir()) / "adadamp-tests-system.lock"
 # The test folders mirror adadamp's packages; their modules import each other's fault injectors by
 # module name (``from test_elastic import StopAt``), here and on the workers that unpickle them, and
 # the emulated hosts of tests/system/netbed are ``netbed``: every folder is on the path, in a fixed order.
@@ -162,14 +167,57 @@ def _ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
+@contextlib.contextmanager
+def _system_lock():
+    with open(SYSTEM_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _one_system_test_at_a_time(request):
+    """A test on the single SLURM or the emulated hosts runs alone among the suite's processes
+    (pytest-xdist): their jobs would queue behind each other's, their namespaces share addresses."""
+    if {"slurm", "netbed_ready"} & set(request.fixturenames):
+        with _system_lock():
+            yield
+    else:
+        yield
+
+
+def _controller_pid(config) -> int:
+    """The process that runs the session: pytest-xdist's controller (a worker's parent), or this one."""
+    return os.getppid() if hasattr(config, "workerinput") else os.getpid()
+
+
+def _slurm_marker(config) -> Path:
+    return Path(tempfile.gettempdir()) / f"adadamp-tests-slurm-started-{_controller_pid(config)}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the SLURM this session started, once all its processes are done with it (under
+    pytest-xdist only the controller knows that), unless ``ADADAMP_SLURM_KEEP=1``."""
+    if hasattr(session.config, "workerinput"):
+        return
+    marker = _slurm_marker(session.config)
+    if marker.exists():
+        marker.unlink()
+        if os.environ.get("ADADAMP_SLURM_KEEP", "") in ("", "0"):
+            subprocess.run(["bash", str(SLURM_DIR / "stop.sh")], check=False, capture_output=True, text=True,
+                           timeout=120)
+
+
 @pytest.fixture(scope="session")
-def slurm():
+def slurm(pytestconfig):
     """A single-node SLURM (munged, slurmctld, slurmd on localhost) for the session.
 
     ``tests/system/slurm/start.sh`` installs and starts it as root; where it cannot, the test skips with
     the reason, or fails when the environment variable ``CI`` is set (CI must run the SLURM tests).
     Yields start.sh's last line ("SLURM ready (started: ...)"); at the end of the session
-    ``tests/system/slurm/stop.sh`` stops what this start started, unless ``ADADAMP_SLURM_KEEP=1``.
+    ``tests/system/slurm/stop.sh`` stops what this start started (:func:`pytest_sessionfinish`).
     """
     reason = None
     start = SLURM_DIR / "start.sh"
@@ -177,9 +225,10 @@ def slurm():
         reason = f"SLURM tests need Linux (this is {sys.platform})"
     else:
         try:
-            proc = subprocess.run(
-                ["bash", str(start)], check=False, capture_output=True, text=True, timeout=SLURM_START_TIMEOUT
-            )
+            with _system_lock():  # one start at a time among the session's processes
+                proc = subprocess.run(
+                    ["bash", str(start)], check=False, capture_output=True, text=True, timeout=SLURM_START_TIMEOUT
+                )
         except subprocess.TimeoutExpired as err:
             tail = (err.stderr or b"")[-1500:]
             tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
@@ -193,9 +242,9 @@ def slurm():
             pytest.fail(f"{reason}\n(CI is set: the SLURM tests must run in CI)", pytrace=False)
         pytest.skip(reason=reason)
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-    yield last
-    if "started: nothing" not in last and os.environ.get("ADADAMP_SLURM_KEEP", "") in ("", "0"):
-        subprocess.run(["bash", str(SLURM_DIR / "stop.sh")], check=False, capture_output=True, text=True, timeout=120)
+    if "started: nothing" not in last:
+        _slurm_marker(pytestconfig).touch()
+    return last
 
 
 @pytest.fixture(scope="session")

@@ -168,6 +168,32 @@ def _first(*values):
 RUN_GAP = 60.0
 
 
+#: The summaries of fits that ended (they change no more), so that the page's poll reads the events
+#: of the running fits only (each scheduler process keeps its own).
+_ENDED: dict[str, dict] = {}
+
+
+def _fit_summary(scheduler, start: dict, now: float) -> dict:
+    """One fit of :func:`fits_overview`: its state, epochs, time left now, and when it ended (inf: not yet)."""
+    known = _ENDED.get(start["fit"])
+    if known is not None and known["time"] == start["time"]:
+        return known
+    _, epochs, end, training = _fit_events(scheduler, start["fit"])
+    last = epochs[-1] if epochs else {}
+    eta = last.get("eta")
+    if end is None and eta is not None:  # the estimate at the epoch's end, less the time since
+        eta = max(0.0, eta - max(0.0, now - start["time"] - (last.get("time") or 0.0)))
+    ended = start["time"] + (end["time"] or 0.0) if end is not None else math.inf
+    summary = {"fit": start["fit"], "name": start["name"], "time": start["time"], "ended": ended,
+               "state": _state(end, training), "epoch": len(epochs), "epochs": start["epochs"],
+               "eta_s": None if end is not None else eta}
+    if end is not None:
+        if len(_ENDED) >= 100_000:
+            _ENDED.clear()
+        _ENDED[start["fit"]] = summary
+    return summary
+
+
 def fits_overview(scheduler, fit: str | None = None, now: float | None = None) -> dict:
     """The run of fits that ``fit`` (default: the newest) belongs to: the fits published to this
     scheduler that started while an earlier one of them ran or within :data:`RUN_GAP` seconds of its
@@ -178,17 +204,7 @@ def fits_overview(scheduler, fit: str | None = None, now: float | None = None) -
     import time
 
     now = time.time() if now is None else now
-    fits = []
-    for start in sorted(fit_list(scheduler), key=lambda f: f["time"]):
-        _, epochs, end, training = _fit_events(scheduler, start["fit"])
-        last = epochs[-1] if epochs else {}
-        eta = last.get("eta")
-        if end is None and eta is not None:  # the estimate at the epoch's end, less the time since
-            eta = max(0.0, eta - max(0.0, now - start["time"] - (last.get("time") or 0.0)))
-        ended = start["time"] + (end["time"] or 0.0) if end is not None else math.inf
-        fits.append({"fit": start["fit"], "name": start["name"], "time": start["time"], "ended": ended,
-                     "state": _state(end, training), "epoch": len(epochs), "epochs": start["epochs"],
-                     "eta_s": None if end is not None else eta})
+    fits = [_fit_summary(scheduler, start, now) for start in sorted(fit_list(scheduler), key=lambda f: f["time"])]
     runs: list[list[dict]] = []
     for f in fits:
         if not runs or f["time"] > max(g["ended"] for g in runs[-1]) + RUN_GAP:
