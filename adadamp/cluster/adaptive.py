@@ -82,7 +82,7 @@ class AllocatorAdaptive(Adaptive):
         maximum = None if math.isinf(self.maximum) else int(self.maximum)
         idle = idle_timeout() if self.idle is None else self.idle
         return await self.scheduler.adadamp_target(maximum=maximum, minimum=int(self.minimum),
-                                                   idle=None if math.isinf(idle) else idle)
+                                                   idle=None if math.isinf(idle) else idle, planned=len(self.plan))
 
     async def workers_to_close(self, target: int) -> list[str]:
         return await self.scheduler.adadamp_workers_to_close(target=target)

@@ -271,14 +271,18 @@ class Allocator(SchedulerPlugin):
         return max(bound, len(self._live()))
 
     # ------------------------------------------------------------------ sizing
-    def target(self, maximum: float | None = None, minimum: int = 0, idle: float | None = None) -> int:
+    def target(self, maximum: float | None = None, minimum: int = 0, idle: float | None = None,
+               planned: int | None = None) -> int:
         """Workers the cluster should have: what the fits that scale the cluster want ahead (a fit
         with ``scale_cluster=False`` counts the workers it holds: it never grows the cluster), and
         the workers no fit holds that are still within their ``idle`` seconds (kept warm), within
-        ``[minimum, maximum]``."""
+        ``[minimum, maximum]``.  Workers held or kept warm keep the target from falling, never make
+        it grow past the ``planned`` workers (the cluster's plan): the user's ``cluster.scale(0)``
+        after a fit is not undone by its workers still closing."""
         maximum = _number("adadamp_target", "maximum", maximum)
         minimum = _count("adadamp_target", "minimum", minimum)
         idle = _number("adadamp_target", "idle", idle)
+        planned = None if planned is None else _count("adadamp_target", "planned", planned)
         self.sized = True
         self.adapted = time.monotonic()
         self.idle = math.inf if idle is None else idle
@@ -290,7 +294,8 @@ class Allocator(SchedulerPlugin):
         live = self._live()
         warm = [w for w in live if w not in held and now - self.free_since.get(w, now) < self.idle]
         # The bound limits growth; workers held or still warm stay until their idle time is over.
-        n = int(max(min(wanted, self._capacity()), len(held) + len(warm), minimum))
+        kept = len(held) + len(warm) if planned is None else min(len(held) + len(warm), planned)
+        n = int(max(min(wanted, self._capacity()), kept, minimum))
         if n > len(live) and self.asked is None:
             self.asked = (now, n)
         self._divide()

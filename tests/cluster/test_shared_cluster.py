@@ -510,3 +510,20 @@ def test_a_min_workers_floor_shares_workers_and_takes_none():
     grants = divide(["w1", "w2", "w3", "w4"], {"v": 4, "hog": 4}, {"v": ["w1", "w2", "w3", "w4"]}, capacity=64,
                     least={"v": 1, "hog": 4})
     assert grants["v"] == ["w1", "w2", "w3", "w4"] and sorted(grants["hog"]) == ["w1", "w2", "w3", "w4"], grants
+
+
+
+def _targets(dask_scheduler) -> tuple[int, int, int]:
+    allocator = dask_scheduler.plugins[NAME]
+    return tuple(allocator.target(idle=3600, planned=planned) for planned in (None, 0, 1))
+
+
+def test_workers_kept_warm_never_make_the_target_grow_past_the_plan(client):
+    """Idle workers kept warm hold the adaptive's target up, never above the cluster's plan: after
+    a fit, the user's ``cluster.scale(0)`` empties the plan while the workers still run (a SLURM job
+    takes a while to end), and the target of the workers kept warm had the adaptive submit them
+    again (a job pending after the scale(0), seen under load)."""
+    ensure_allocator(client)
+    live = len(client.scheduler_info()["workers"])
+    assert live >= 2
+    assert client.run_on_scheduler(_targets) == (live, 0, 1)
