@@ -33,6 +33,27 @@ for _folder in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.
 torch.set_num_threads(1)
 
 
+def _start_workers_from_a_fork_server() -> None:
+    """The suite's Dask worker processes start from a fork server that imported torch, Dask and
+    adadamp once (Dask's own suite does the same, with Dask alone), instead of a new interpreter
+    importing them for every worker of every cluster the suite starts.  Scripts the tests run
+    in subprocesses, and users, keep Dask's default (spawn)."""
+    import multiprocessing
+
+    import distributed.utils
+
+    if os.environ.get("ADADAMP_TEST_SPAWN", "") not in ("", "0"):
+        return
+    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+    distributed.utils.get_mp_context()  # Dask's preload, set once; then ours
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["distributed", "dask", "msgpack", "cloudpickle", "tornado", "toolz", "numpy", "torch", "adadamp",
+         "adadamp.worker.plugin", "adadamp.engine"])
+
+
+_start_workers_from_a_fork_server()
+
+
 @contextlib.contextmanager
 def two_worker_cluster():
     """Two single-threaded worker processes; the dashboard serves adadamp's training page, as a

@@ -15,6 +15,7 @@ from one pass: 1e-2 (bf16; measured 5.5e-3, where bf16 itself is 9.7e-3 from flo
 import copy
 import math
 
+import dask
 import numpy as np
 import pytest
 import torch
@@ -338,6 +339,7 @@ def test_a_workers_peak_memory_stays_flat_as_the_batch_grows_16x_past_micro_batc
     y = rng.normal(size=(2048, 1)).astype(np.float32)
     peaks, reported = [], []
     with (
+        dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}),  # a new interpreter's heap, as a user's
         LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
                      silence_logs=logging.ERROR) as cluster,
         Client(cluster) as one,
