@@ -507,7 +507,7 @@ def test_a_search_grows_a_slurm_cluster_that_has_no_job(slurm, tmp_path, request
         return GridSearchCV(est, {"optimizer__lr": [0.01, 0.03]}, cv=2, n_jobs=2, error_score="raise")
 
     with slurm_cluster(tmp_path, backend) as (cluster, client, jobs):
-        adapt(cluster, minimum=1 if backend == "dask" else 0, maximum=2)
+        adaptive = adapt(cluster, minimum=1 if backend == "dask" else 0, maximum=2)
         assert not jobs.active()
         t0 = time.monotonic()
         if backend == "loky":
@@ -520,6 +520,7 @@ def test_a_search_grows_a_slurm_cluster_that_has_no_job(slurm, tmp_path, request
         with joblib.parallel_config(backend="threading"):
             warm = search(client).fit(X, y)
         submitted = len(jobs.states())
+        adaptive.stop()  # the dask recipe's adaptive keeps one job (minimum=1): stopped, all jobs end
         cluster.scale(0)
         final = jobs.wait_all_ended(60)
     _say(request.config, f"[slurm] {backend} search from no job: {took:.1f} s, {submitted} jobs submitted")
