@@ -21,6 +21,14 @@ from ..wire.identity import scheduler_info
 #: memory: above ``target`` it spills to disk, above ``pause`` it runs nothing.
 FRACTIONS = ("target", "spill", "pause")
 
+#: What a worker's process holds is rounded up to this where it sizes streamed blocks
+#: (:func:`look` with ``first=True``): fresh workers of one build measure within a fraction of a
+#: MiB of each other, so they cut the same blocks.
+HELD_GRANULE = 32 * 2**20
+
+#: On a worker: what its process held when a streamed fit first sized blocks there (rounded up).
+_FIRST: dict[str, int] = {}
+
 
 def memory_fraction() -> float:
     """The fraction of ``memory_limit`` a worker holds data in before it spills or pauses
@@ -53,12 +61,23 @@ def _resident() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def look(client) -> dict:
+def _resident_first() -> int:
+    """What this worker's process held when a streamed fit first sized blocks here, rounded up to
+    :data:`HELD_GRANULE`, for the process's life: the first fit's training adds 30-70 MB (torch's
+    pages, touched once), which measured anew would cut later fits' blocks, and so their order,
+    otherwise than the first's."""
+    if "held" not in _FIRST:
+        _FIRST["held"] = -(-_resident() // HELD_GRANULE) * HELD_GRANULE
+    return _FIRST["held"]
+
+
+def look(client, first: bool = False) -> dict:
     """The scheduler's workers (``scheduler_info()["workers"]``) with what each process holds
     measured now, after importing what a fit imports there: a fresh worker's last heartbeat
-    tells what it held before torch (data judged to fit then would not)."""
+    tells what it held before torch (data judged to fit then would not).  ``first``: what each
+    held when a streamed fit first sized blocks there (:func:`_resident_first`)."""
     workers = scheduler_info(client)["workers"]
-    held = client.run(_resident, workers=list(workers))
+    held = client.run(_resident_first if first else _resident, workers=list(workers))
     return {w: {**info, "metrics": {**info.get("metrics", {}), "memory": held[w]}}
             for w, info in workers.items() if w in held}
 
@@ -133,6 +152,16 @@ def stream_rows(collections: list, workers: dict, window: int, windows: int) -> 
             "nothing was computed."
         )
     return int(rows)
+
+
+def reaches_pause(collections: list, workers: dict, rows: int, window: int, windows: int) -> bool:
+    """Whether a worker of ``workers`` holding ``windows`` windows of ``window`` blocks of ``rows``
+    rows would reach Dask's pause fraction of its ``memory_limit`` (``distributed.worker.memory.pause``)
+    beside what its process holds now (other data came since its blocks were first sized)."""
+    limits = _limits(workers)
+    pause = dask.config.get("distributed.worker.memory.pause", False) or 1.0
+    need = windows * window * rows * max(1, row_bytes(collections))
+    return limits is not None and any(need > float(pause) * limit - held for limit, held in limits)
 
 
 def split(chunks: tuple[int, ...], rows: int) -> tuple[int, ...]:

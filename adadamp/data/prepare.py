@@ -204,8 +204,20 @@ def _dask_weights(sample_weight, X):
 
 def _rechunk_to_hold(client, X, y, weights: list, window: int):
     """``X, y`` cut into blocks small enough for a worker to hold the ``window`` it streams, by
-    what the workers hold now that they have read the data once."""
-    rows = memory.stream_rows([X, y, *weights], memory.look(client), window, streaming.WINDOWS_HELD)
+    what each worker's process held when a streamed fit first sized blocks there (after reading
+    the data once: its readers imported): every fit on those workers cuts the same blocks, so
+    follows the same order.  By what they hold now, with a warning, where those blocks would
+    bring a worker to Dask's pause fraction beside what came since (other fits' data)."""
+    collections = [X, y, *weights]
+    rows = memory.stream_rows(collections, memory.look(client, first=True), window, streaming.WINDOWS_HELD)
+    if rows is None:
+        return X, y
+    now = memory.look(client)
+    if memory.reaches_pause(collections, now, rows, window, streaming.WINDOWS_HELD):
+        rows = memory.stream_rows(collections, now, window, streaming.WINDOWS_HELD)
+        logger.warning("dask data: the workers hold more than when streamed blocks were first sized there: blocks "
+                       "of at most %d rows by what they hold now, so the streamed order differs from earlier fits' "
+                       "on these workers", rows)
     if max(X.chunks[0]) > rows:
         pieces = memory.split(X.chunks[0], rows)
         X, y = X.rechunk({0: pieces}), y.rechunk({0: pieces})

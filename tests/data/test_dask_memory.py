@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from adadamp import DaskClassifier
-from adadamp.data.memory import new_bytes
+from adadamp.data.memory import new_bytes, reaches_pause, stream_rows
 
 
 def _prefixes(dask_scheduler) -> list[str]:
@@ -41,3 +41,19 @@ def test_data_that_fits_trains_on_a_client_that_is_not_the_default(small_client)
     y = (X[:, 0] > 0.5).astype(np.int64)
     est = DaskClassifier(client=small_client, max_epochs=2, random_state=0).fit(X, y)
     assert est.history_[-1]["n_samples_seen"] == 2 * 4000
+
+
+def test_streamed_blocks_sized_once_give_way_only_to_data_that_came_since():
+    """Blocks are sized by what a worker held when a streamed fit first sized them there (the same
+    for every later fit: the same order); they are sized again only where they would bring the
+    worker to Dask's pause fraction beside what it holds now, not for a first fit's warm-up."""
+    X = da.zeros((1000, 16), chunks=(500, 16), dtype=np.float32)
+    y = da.zeros(1000, chunks=500, dtype=np.int64)  # 72 bytes an example
+
+    def worker(held_mib):
+        return {"a": {"memory_limit": 2**30, "metrics": {"memory": held_mib * 2**20}}}
+
+    rows = stream_rows([X, y], worker(300), window=8, windows=3)  # 60 % of 1 GiB less 300 MiB: 314 MiB
+    assert rows == int(314.4 * 2**20) // (24 * 72)
+    assert not reaches_pause([X, y], worker(360), rows, window=8, windows=3)  # torch's pages after a first fit
+    assert reaches_pause([X, y], worker(600), rows, window=8, windows=3)  # 300 MiB of other data: past 80 %

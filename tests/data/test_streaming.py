@@ -17,6 +17,7 @@ from test_elastic import _CLUSTERS, KillAt, _updates, _weights
 from torch import nn
 
 from adadamp import DaskClassifier, DaskRegressor
+from adadamp.data import memory, streaming
 from adadamp.data.memory import rooms
 from adadamp.records import examples_digest
 from adadamp.wire.batches import StreamOrder
@@ -294,3 +295,26 @@ def test_a_streamed_fit_on_a_growing_cluster_trains_as_on_a_fixed_one(three_work
         at += size
     assert [u["examples_digest"] for u in _updates(grown)] == expected
     np.testing.assert_array_equal(_weights(grown), _weights(fixed))
+
+
+def test_a_streamed_fit_cut_by_memory_is_bitwise_itself_on_the_same_workers(caplog):
+    """Issue 65, item 6: data streamed twice with the same seed on the same 2 workers of 1 GiB,
+    its partitions cut to what a worker can hold, ends bitwise the same.  The first fit's
+    training grows each worker's process (torch's pages, 30-70 MB): measured anew, the second fit
+    cut the partitions into more blocks, so drew another order (1.7e-9 apart on 3 GB of data)."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="1GiB", dashboard_address=None,
+                      silence_logs=logging.ERROR) as cluster, Client(cluster, set_as_default=False) as client:
+        X, y = _data(n=2, chunk=1)
+        rows = memory.stream_rows([X, y], memory.look(client), streaming.window(), streaming.WINDOWS_HELD)
+        chunk = int(1.9 * rows)  # two blocks by what a fresh worker holds; three once it held more
+        X, y = _data(n=chunk + 1000, chunk=chunk)
+        params = {"module": Wide, "optimizer": torch.optim.SGD, "optimizer__lr": 0.05, "max_epochs": 1,
+                  "batch_size": 8192, "random_state": 0, "dask_data": "stream", "client": client}
+        with caplog.at_level(logging.INFO, logger="adadamp.data.prepare"):
+            first = DaskClassifier(**params).fit(X, y)
+            second = DaskClassifier(**params).fit(X, y)
+    blocks = [r.args[1] for r in caplog.records if r.msg.startswith("dask data: %d examples in %d partitions")]
+    assert first.meta_["data"] == second.meta_["data"] == "streamed"
+    a, b = torch.as_tensor(_weights(first)), torch.as_tensor(_weights(second))
+    assert torch.equal(a, b), f"{(a - b).abs().max().item():.3g} apart; blocks {blocks}"
+    assert blocks[0] > 2 and blocks[0] == blocks[1], blocks  # cut to what the workers hold, the same way twice
