@@ -21,6 +21,9 @@ logger = logging.getLogger("adadamp.cluster.allocator")
 
 NAME = "adadamp-allocator"
 LEASE = 30.0  #: seconds a grant lasts without a renewal (a fit renews it every membership look)
+#: A worker that retires at its lifetime has its replacement asked for this many seconds ahead while
+#: the cluster's worker start is not measured yet; then twice that start, and a second.
+LIFETIME_LEAD = 10.0
 
 
 @dataclass
@@ -105,6 +108,7 @@ class Allocator(SchedulerPlugin):
         self.adapted: float | None = None  # when an adaptive last asked for the target (time.monotonic)
         self.asked: tuple[float, int] | None = None  # (when, how many) the target last rose above the live workers
         self.start_latency: float | None = None  # seconds the cluster took to bring workers asked for
+        self.ends: dict[str, float] = {}  # worker -> when it retires at its lifetime (time.monotonic), as it told
         self.scheduler = None
 
     @property
@@ -119,6 +123,7 @@ class Allocator(SchedulerPlugin):
             "adadamp_release_grant": self.release,
             "adadamp_target": self.target,
             "adadamp_workers_to_close": self.workers_to_close,
+            "adadamp_worker_ends": self.worker_ends,
         })
 
     # ------------------------------------------------------------------ workers
@@ -138,11 +143,27 @@ class Allocator(SchedulerPlugin):
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self.free_since.pop(worker, None)
+        self.ends.pop(worker, None)
         for entry in self.fits.values():
             for held in (entry.grant, entry.lent):
                 if worker in held:
                     held.remove(worker)
         self._divide()
+
+    def worker_ends(self, worker: str, seconds: float) -> None:
+        """A worker with a lifetime says it retires in ``seconds``: the cluster is sized for its
+        replacement ahead (:meth:`target`), and the fit holding it moves to the replacement once it
+        runs (:meth:`_divide`), before the retirement."""
+        seconds = _number("adadamp_worker_ends", "seconds", seconds, optional=False)
+        if not isinstance(worker, str) or worker not in self.scheduler.workers:
+            raise ValueError(f"adadamp_worker_ends: worker={worker!r:.80} is not a worker of this scheduler")
+        self.ends[worker] = time.monotonic() + seconds
+        self._divide()
+
+    def _ending(self, now: float) -> set[str]:
+        """Workers whose lifetime ends within the lead a replacement needs to start."""
+        lead = LIFETIME_LEAD if self.start_latency is None else 2 * self.start_latency + 1.0
+        return {w for w, end in self.ends.items() if end - now < lead}
 
     def log_event(self, topic: str, msg) -> None:
         """A worker registers as starting and reports running a moment later (Dask's
@@ -246,9 +267,10 @@ class Allocator(SchedulerPlugin):
         before = self._held()
         speedups = self._speedups()
         potential = {f: self.fits[f].most for f in speedups}
-        live = self._live()
-        grants = divide(live, wants, self.grants, self._capacity(), {f: e.least for f, e in self.fits.items()},
-                        speedups, potential)
+        ending = self._ending(time.monotonic())
+        live = sorted(self._live(), key=lambda w: w in ending)  # a worker about to retire is handed out last
+        grants = divide(live, wants, _handed_over(self.grants, live, ending), self._capacity(),
+                        {f: e.least for f, e in self.fits.items()}, speedups, potential)
         lent = lend(live, grants, {f: e.borrow for f, e in self.fits.items()},
                     {f: e.lent for f, e in self.fits.items()})
         for f, entry in self.fits.items():
@@ -289,13 +311,15 @@ class Allocator(SchedulerPlugin):
         self.capacity = math.inf if maximum is None else maximum
         now = time.monotonic()
         self._expire(now)
-        wanted = sum(e.ahead if e.scaled else len(e.grant) for e in self.fits.values())
         held = self._held()  # a lent worker is kept while it trains, never asked for
+        # a held worker about to retire at its lifetime is replaced ahead (the adaptive's maximum bounds it)
+        replacing = len(held & self._ending(now))
+        wanted = sum(e.ahead if e.scaled else len(e.grant) for e in self.fits.values())
         live = self._live()
         warm = [w for w in live if w not in held and now - self.free_since.get(w, now) < self.idle]
         # The bound limits growth; workers held or still warm stay until their idle time is over.
         kept = len(held) + len(warm) if planned is None else min(len(held) + len(warm), planned)
-        n = int(max(min(wanted, self._capacity()), kept, minimum))
+        n = int(max(min(wanted, self._capacity()) + replacing, kept, minimum))
         if n > len(live) and self.asked is None:
             self.asked = (now, n)
         self._divide()
@@ -309,3 +333,19 @@ class Allocator(SchedulerPlugin):
         idle = [w for w in reversed(live) if w not in held]  # idle longest first
         excess = max(0, len(live) - target)
         return [self.scheduler.workers[w].name for w in idle[:excess]]
+
+
+def _handed_over(held: dict[str, list[str]], live: list[str], ending: set[str]) -> dict[str, list[str]]:
+    """``held`` without the workers about to retire that a running worker no fit holds can replace
+    (one each, in ``live``'s order): the division then grants the replacement in their place."""
+    taken = {w for grant in held.values() for w in grant}
+    fresh = [w for w in live if w not in taken and w not in ending]
+    out = {}
+    for fit, grant in held.items():
+        out[fit] = []
+        for w in grant:
+            if w in ending and fresh:
+                fresh.pop(0)
+            else:
+                out[fit].append(w)
+    return out

@@ -535,8 +535,14 @@ class Membership:
         A fit alone waits: its result is the same on fewer workers, but its schedule was sized for
         these.  Among other fits it does not: while the cluster grows for all of them (measured:
         4 fits starting together waited 23-30 s for their second workers, with one each idle), it
-        takes the workers there are now and those that start later at the looks after."""
+        takes the workers there are now and those that start later at the looks after.
+
+        A fit never waits at a size it has trained at: fewer workers then are losses (a worker's
+        lifetime, a preemption, a killed job), and the fit goes on with those left while the
+        replacements start (set up in the background at the next looks; waiting had stalled a fit
+        for up to ``scale_wait`` per loss)."""
         if len(self.workers) >= wanted:
+            self._waited_for = max(self._waited_for, wanted)
             return
         if self._waited_for < wanted:
             self._waited_for = wanted

@@ -56,6 +56,7 @@ from ..wire.parameters import bind_parameters, examples_independent, flatten_par
 from ..wire.shm import attach, attach_data
 from . import groups as kept_groups
 from .gradient import share_gradient
+from .lifetime import tell_allocator
 from .loading import ExampleLoader
 from .replica import Replica
 from .state import FitState
@@ -376,8 +377,9 @@ class TrainerPlugin(WorkerPlugin):
 
     name = "adadamp-trainer"
 
-    def setup(self, worker) -> None:
+    async def setup(self, worker) -> None:
         TRAINER.attach(worker)
+        await tell_allocator(worker)
 
     def teardown(self, worker) -> None:
         TRAINER.detach(worker)

@@ -448,7 +448,8 @@ def test_lending_stops_at_a_batch_size_where_whole_updates_with_it_were_not_fast
 # ------------------------------------------------------------------------------ malformed and hostile messages
 def _allocator_state(dask_scheduler):
     allocator = dask_scheduler.plugins[NAME]
-    return {"fits": sorted(allocator.fits), "capacity": str(allocator.capacity), "idle": str(allocator.idle)}
+    return {"fits": sorted(allocator.fits), "capacity": str(allocator.capacity), "idle": str(allocator.idle),
+            "ends": sorted(allocator.ends)}
 
 
 MALFORMED = {
@@ -463,6 +464,8 @@ MALFORMED = {
     "least-above-most": ("adadamp_allocate", {"fit": "a", "want": 1, "most": 2, "least": 3}, "least"),
     "speedups-nan": ("adadamp_allocate", {"fit": "a", "want": 1, "speedups": [1.0, float("nan")]}, "speedups"),
     "client-unknown": ("adadamp_allocate", {"fit": "a", "want": 1, "client": "nobody"}, "client"),
+    "ends-seconds-nan": ("adadamp_worker_ends", {"worker": "tcp://127.0.0.1:1", "seconds": float("nan")}, "seconds"),
+    "ends-unknown-worker": ("adadamp_worker_ends", {"worker": "tcp://127.0.0.1:1", "seconds": 5.0}, "worker"),
 }
 
 
@@ -480,6 +483,42 @@ def test_a_malformed_message_is_refused_and_poisons_nothing(growing_cluster, han
                         client=client.id)
     assert list(reply["grant"]) == list(client.scheduler_info()["workers"])
     assert client.sync(client.scheduler.adadamp_target, maximum=4) == 1
+
+
+def _seconds_left(dask_scheduler):
+    return {w: end - time.monotonic() for w, end in dask_scheduler.plugins[NAME].ends.items()}
+
+
+def test_a_worker_with_a_lifetime_is_replaced_ahead_and_its_fit_moves_to_the_replacement(data):
+    """A worker that retires at its lifetime (Dask's ``--lifetime``, dask-jobqueue's recipe for
+    walltimes) tells the allocator at its set-up; near its end the cluster's target counts a
+    replacement, and the fit holding it is granted the replacement once that runs -- before the
+    retirement, which then costs the fit nothing.  Before, the fit lost the worker mid-training and
+    waited for a new one to start (21-25 s seen on SLURM under load)."""
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0", silence_logs=logging.ERROR,
+                      lifetime="300s") as cluster, Client(cluster, set_as_default=False) as client:
+        X, y = data
+        DaskRegressor(module=Net, max_epochs=1, batch_size=256, scale_cluster=False, client=client).fit(X[:512], y[:512])
+        left = client.run_on_scheduler(_seconds_left)  # told by the worker's set-up
+        assert len(left) == 1 and 200 < next(iter(left.values())) <= 300, left
+        [old] = left
+        reply = client.sync(client.scheduler.adadamp_allocate, fit="a", want=1, ahead=1, most=1, least=1, scaled=True)
+        assert list(reply["grant"]) == [old]
+        assert client.sync(client.scheduler.adadamp_target) == 1
+        client.sync(client.scheduler.adadamp_worker_ends, worker=old, seconds=0.0)  # as a worker at its end tells
+        assert client.sync(client.scheduler.adadamp_target) == 2  # its replacement, asked for ahead
+        cluster.scale(2)
+        client.wait_for_workers(2)
+        [new] = set(client.scheduler_info()["workers"]) - {old}
+        deadline = time.monotonic() + 30
+        while new not in client.run_on_scheduler(_seconds_left):  # the new worker's set-up tells its lifetime too
+            assert time.monotonic() < deadline, "the new worker never told its lifetime"
+            time.sleep(0.05)
+        reply = client.sync(client.scheduler.adadamp_allocate, fit="a")
+        assert list(reply["grant"]) == [new]  # moved before the old one retires
+        # a fit declared now is handed the worker with a future first
+        reply = client.sync(client.scheduler.adadamp_allocate, fit="b", want=1, ahead=1, most=1, least=1, scaled=True)
+        assert list(reply["grant"]) == [old]  # the only one free: a retiring worker is still a worker
 
 
 def test_one_client_holds_a_bounded_number_of_fits(growing_cluster):

@@ -355,8 +355,8 @@ class Backend(Sizing, abc.ABC):
         )
         self.members.limit = self._first_workers()  # on any cluster: as many workers as the first batch wants
         self.transport = transport
+        ensure_allocator(self.client)  # first: a worker with a lifetime tells it when it retires at its set-up
         cl.ensure_plugin(self.client, TrainerPlugin, TrainerPlugin.name, register=cl.register_worker_plugin)
-        ensure_allocator(self.client)
         if self._policy.scale:  # the cluster follows the sum of the wants of the fits sharing it
             if self._policy.shared:  # the embedded cluster: bounded by the machine, its workers kept while it runs
                 adapt(self.client.cluster, maximum=embedded.max_workers(), idle=math.inf)
