@@ -127,6 +127,20 @@ class CollectiveError(RuntimeError):
     """
 
 
+class UnknownFitError(KeyError):
+    """A worker holds no state for the fit a call names: it was never set up there, or was
+    released or dropped as idle meanwhile (its client's channel closed).
+
+    A ``KeyError``, as a missing fit always was; the worker answers it to the client, which
+    raises it where it raised the ``KeyError``.
+
+    Examples
+    --------
+    >>> issubclass(UnknownFitError, KeyError)
+    True
+    """
+
+
 class StopTraining(Exception):
     """Raised by a callback to end training after the current epoch or update.
 

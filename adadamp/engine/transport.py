@@ -27,7 +27,7 @@ from ..exceptions import CollectiveError
 from ..records import ChannelOffer, GradientReply, GradientRequest, ShareRequest
 from ..wire.channel import Channel, WorkerError, channel_host
 from ..wire.lost import LOST
-from ..wire.rpc import rpc_call
+from ..wire.rpc import failure_of, rpc_call
 from ..wire.shm import SharedBuffers
 from .speeds import lost_after
 
@@ -94,6 +94,9 @@ class Transport:
                 raise
             if reply is None:  # the worker closed while answering
                 raise CommClosedError(f"{address} closed without answering {op}")
+            failure = failure_of(reply)  # an expected failure, answered (not logged at ERROR by Dask)
+            if failure is not None:
+                raise failure
             return reply
 
         return await asyncio.gather(*(one(*c) for c in calls), return_exceptions=True)

@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,7 @@ import torch
 from distributed import WorkerPlugin
 from distributed.protocol import to_serialize
 
+from ..exceptions import UnknownFitError
 from ..records import (
     Block,
     BlockMove,
@@ -53,6 +55,7 @@ from ..records import (
 )
 from ..wire.channel import IDLE_TIMEOUT, ChannelServer, channel_host
 from ..wire.parameters import bind_parameters, examples_independent, flatten_parameters, float_buffers, with_attributes
+from ..wire.rpc import EXPECTED, failure_reply
 from ..wire.shm import attach, attach_data
 from . import groups as kept_groups
 from .gradient import share_gradient
@@ -62,6 +65,8 @@ from .replica import Replica
 from .state import FitState
 
 __all__ = ["TrainerPlugin"]
+
+logger = logging.getLogger(__name__)
 
 HANDLERS = ("adadamp_setup", "adadamp_data", "adadamp_gradient", "adadamp_release", "adadamp_group", "adadamp_commit")
 REMOVE_WORKER = "remove-worker"  # the scheduler's message to every worker when it removes one
@@ -140,6 +145,25 @@ def _compute_thread_start() -> None:
     if hasattr(os, "SCHED_BATCH"):
         with contextlib.suppress(OSError):
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
+def _answers_expected_failures(handler):
+    """``handler``, answering its expected failures (:data:`~adadamp.wire.rpc.EXPECTED`: a lost
+    peer, a fit this worker no longer holds) to the client with one WARNING line here, instead of
+    raising them: Dask logs a handler's exception at ERROR with a traceback, which reads as a crash
+    for a fault the client recovers from.  Other errors are raised as before."""
+
+    @functools.wraps(handler)
+    async def answer(self, **message):
+        try:
+            return await handler(self, **message)
+        except EXPECTED as err:
+            where = None if self.worker is None else self.worker.address
+            logger.warning("%s of fit %s on %s: %s: %s (answered to the client, which recovers)", handler.__name__,
+                           message.get("fit_id"), where, type(err).__name__, " ".join(str(err).split()))
+            return failure_reply(err)
+
+    return answer
 
 
 class Trainer:
@@ -290,6 +314,12 @@ class Trainer:
             state.update_blocks([], list(state.data.block_index))
             _trim()
 
+    def _fit(self, fit_id: str) -> FitState:
+        state = self.fits.get(fit_id)
+        if state is None:
+            raise UnknownFitError(f"fit {fit_id} is not set up on this worker (never, or released or dropped as idle)")
+        return state
+
     def _drop_idle_fits(self) -> None:
         """Drop fits whose client has sent nothing for ``IDLE_SECONDS`` (a client killed without a channel)."""
         now = time.monotonic()
@@ -306,13 +336,14 @@ class Trainer:
         return to_message(reply)
 
     # ------------------------------------------------------------------ data
+    @_answers_expected_failures
     async def adadamp_data(self, **message) -> dict:
         """Take and drop data blocks (``message``: a :class:`~adadamp.records.BlockMove`; the reply
         is a :class:`~adadamp.records.BlocksReply`)."""
         move = BlockMove(**message)
 
         def update():
-            state = self.fits[move.fit_id]
+            state = self._fit(move.fit_id)
             state.update_blocks(move.add, move.drop)
             if move.drop and not move.add:  # streamed blocks whose window passed: give their memory back
                 _trim()
@@ -321,11 +352,12 @@ class Trainer:
         return to_message(BlocksReply(await self._run(update)))
 
     # ------------------------------------------------------------------ updates
+    @_answers_expected_failures
     async def adadamp_gradient(self, **message) -> dict:
         """The gradient as a Dask RPC (workers without a channel; ``message``: a
         :class:`~adadamp.records.GradientRequest`; the reply is a :class:`~adadamp.records.GradientReply`)."""
         request = GradientRequest(**message)
-        state = self.fits[request.fit_id]
+        state = self._fit(request.fit_id)
 
         def run():
             r = compute(state, request)
@@ -343,24 +375,26 @@ class Trainer:
             return run()
         return await self._run(run)
 
+    @_answers_expected_failures
     async def adadamp_group(self, **message) -> dict:
         """Form an all-reduce fit's next group, or take the one kept from an earlier fit
         (``message``: a :class:`~adadamp.records.GroupRequest`; the reply is a
         :class:`~adadamp.records.GroupReply`)."""
         r = GroupRequest(**message)
-        replica = self.fits[r.fit_id].replica
+        replica = self._fit(r.fit_id).replica
         reply = await self._run(replica.join, r.generation, r.rank, r.size, StepVector.decode(r.step), r.restore,
                                 r.members, r.reuse, r.broadcast)
         self.stats.update(groups_formed=int(not reply.reused), groups_reused=int(reply.reused),
                           state_broadcasts=int(reply.broadcast))
         return to_message(reply)
 
+    @_answers_expected_failures
     async def adadamp_commit(self, **message) -> dict:
         """Take an all-reduce fit's pending step (and the client's param groups); the replica's
         state if asked (``message``: a :class:`~adadamp.records.CommitRequest`; ``keep``: seconds to
         keep the group if the fit ends here; the reply is a :class:`~adadamp.records.CommitReply`)."""
         r = CommitRequest(**message)
-        replica = self.fits[r.fit_id].replica
+        replica = self._fit(r.fit_id).replica
         return to_message(await self._run(replica.commit, StepVector.decode(r.step), r.state, r.groups, r.keep))
 
 
