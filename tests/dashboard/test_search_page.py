@@ -12,6 +12,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
+from joblib.externals.loky import get_reusable_executor
 from sklearn.datasets import load_digits
 from sklearn.model_selection import GridSearchCV
 from test_dashboard import _dump_dom, _get, _page
@@ -80,6 +81,9 @@ def test_the_page_shows_a_fit_waiting_for_workers_then_its_searchs_progress(empt
     assert not thread.is_alive() and not failed, failed
     assert _summary_once(page, lambda s: s["progress"]["state"] == "finished")["fit"] == waiting["fit"]
 
+    # loky's worker processes outlive a search; reused ones from an earlier test of this pytest process
+    # would print to that test's captured output: the search starts its own, which print to this one's
+    get_reusable_executor().shutdown(wait=True)
     search = GridSearchCV(DaskClassifier(client=client, scale_cluster=False, max_epochs=2, verbose=1, random_state=0),
                           {"optimizer__lr": [1e-3, 3e-3]}, cv=2, n_jobs=2).fit(X, y)  # loky: in 2 processes
     n_fits = 1 + 4 + 1  # the first fit, the search's 2 x 2, its refit
