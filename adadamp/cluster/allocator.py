@@ -24,6 +24,8 @@ LEASE = 30.0  #: seconds a grant lasts without a renewal (a fit renews it every 
 #: A worker that retires at its lifetime has its replacement asked for this many seconds ahead while
 #: the cluster's worker start is not measured yet; then twice that start, and a second.
 LIFETIME_LEAD = 10.0
+MAX_START = 600.0  #: seconds; a worker's start told above this is not kept (clocks apart, a stopped process)
+STARTS_KEPT = 16  #: the latest workers' starts whose median is the start latency before a growth is measured
 
 
 @dataclass
@@ -109,6 +111,7 @@ class Allocator(SchedulerPlugin):
         self.asked: tuple[float, int] | None = None  # (when, how many) the target last rose above the live workers
         self.start_latency: float | None = None  # seconds the cluster took to bring workers asked for
         self.ends: dict[str, float] = {}  # worker -> when it retires at its lifetime (time.monotonic), as it told
+        self.starts: list[float] = []  # seconds the latest workers' processes took to register (as they told)
         self.scheduler = None
 
     @property
@@ -123,7 +126,7 @@ class Allocator(SchedulerPlugin):
             "adadamp_release_grant": self.release,
             "adadamp_target": self.target,
             "adadamp_workers_to_close": self.workers_to_close,
-            "adadamp_worker_ends": self.worker_ends,
+            "adadamp_worker_life": self.worker_life,
         })
 
     # ------------------------------------------------------------------ workers
@@ -150,19 +153,38 @@ class Allocator(SchedulerPlugin):
                     held.remove(worker)
         self._divide()
 
-    def worker_ends(self, worker: str, seconds: float) -> None:
-        """A worker with a lifetime says it retires in ``seconds``: the cluster is sized for its
-        replacement ahead (:meth:`target`), and the fit holding it moves to the replacement once it
-        runs (:meth:`_divide`), before the retirement."""
-        seconds = _number("adadamp_worker_ends", "seconds", seconds, optional=False)
+    def worker_life(self, worker: str, created: float, ends_in: float | None = None) -> None:
+        """A worker says when its process was ``created`` (seconds since the epoch, its clock) and,
+        with a lifetime, that it retires in ``ends_in`` seconds.
+
+        The time from its creation to its registration (the scheduler's ``add-worker`` event) is a
+        worker's start: until a growth was measured, the cluster's start latency is taken to be the
+        latest starts' median.  An end sizes the cluster for the replacement ahead (:meth:`target`),
+        and the fit holding the worker moves to the replacement once it runs (:meth:`_divide`)."""
+        h = "adadamp_worker_life"
+        created = _number(h, "created", created, optional=False)
+        ends_in = _number(h, "ends_in", ends_in)
         if not isinstance(worker, str) or worker not in self.scheduler.workers:
-            raise ValueError(f"adadamp_worker_ends: worker={worker!r:.80} is not a worker of this scheduler")
-        self.ends[worker] = time.monotonic() + seconds
-        self._divide()
+            raise ValueError(f"{h}: worker={worker!r:.80} is not a worker of this scheduler")
+        registered = [t for t, msg in self.scheduler.get_events(worker)
+                      if isinstance(msg, dict) and msg.get("action") == "add-worker"]
+        if registered and 0 < registered[-1] - created < MAX_START:  # clocks of two hosts: a bound, not trust
+            self.starts = [*self.starts[-(STARTS_KEPT - 1):], registered[-1] - created]
+        if ends_in is not None:
+            self.ends[worker] = time.monotonic() + ends_in
+            self._divide()
+
+    def start_seconds(self) -> float | None:
+        """Seconds the cluster takes to bring a worker: measured at its growths, else the median of
+        the workers' own starts (None: neither yet)."""
+        if self.start_latency is not None or not self.starts:
+            return self.start_latency
+        return float(sorted(self.starts)[len(self.starts) // 2])
 
     def _ending(self, now: float) -> set[str]:
         """Workers whose lifetime ends within the lead a replacement needs to start."""
-        lead = LIFETIME_LEAD if self.start_latency is None else 2 * self.start_latency + 1.0
+        start = self.start_seconds()
+        lead = LIFETIME_LEAD if start is None else 2 * start + 1.0
         return {w for w, end in self.ends.items() if end - now < lead}
 
     def log_event(self, topic: str, msg) -> None:
@@ -198,13 +220,13 @@ class Allocator(SchedulerPlugin):
                 entry.grant, entry.lent = old.grant, old.lent
             self.fits[fit] = entry
         elif fit not in self.fits:
-            return to_message(GrantReply(None, start_latency=self.start_latency, adapted_ago=self._adapted_ago(now)))
+            return to_message(GrantReply(None, start_latency=self.start_seconds(), adapted_ago=self._adapted_ago(now)))
         entry = self.fits[fit]
         entry.renewed = now
         self._divide()
         share = shares(self._division_wants(), self._capacity(), self._speedups()).get(fit, 0)
         return to_message(GrantReply([*entry.grant, *entry.lent], list(entry.lent), share, len(self.fits) - 1,
-                                     self.start_latency, self._adapted_ago(now)))
+                                     self.start_seconds(), self._adapted_ago(now)))
 
     def _adapted_ago(self, now: float) -> float | None:
         return None if self.adapted is None else now - self.adapted

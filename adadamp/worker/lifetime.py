@@ -1,8 +1,11 @@
-"""A worker's lifetime (Dask's ``--lifetime``: dask-jobqueue's answer to walltimes), told to the allocator.
+"""A worker's life, told to the allocator: how long its process took to start, and when it retires
+at its lifetime (Dask's ``--lifetime``: dask-jobqueue's answer to walltimes).
 
-A worker with a lifetime retires itself when it is reached.  Told in advance, the allocator has the
-cluster start the replacement before that and moves the fits to it, so the retirement costs a
-fit no update and no wait for a job to start (:meth:`adadamp.cluster.allocator.Allocator.worker_ends`).
+The start is a prior for how long the cluster takes to bring a worker, before a growth was measured
+(a fit asks for workers that long ahead, and its time left counts the wait).  Told its end, the
+allocator has the cluster start the replacement before that and moves the fits to it, so the
+retirement costs a fit no update and no wait for a job to start
+(:meth:`adadamp.cluster.allocator.Allocator.worker_life`).
 """
 
 from __future__ import annotations
@@ -28,12 +31,10 @@ def seconds_left(worker) -> float | None:
 
 
 async def tell_allocator(worker) -> None:
-    """Tell the scheduler's allocator when this worker retires; nothing where it has no lifetime.
-    A scheduler without the allocator (no fit ever declared there) is told nothing, quietly."""
-    left = seconds_left(worker)
-    if left is None:
-        return
+    """Tell the scheduler's allocator when this worker's process started and when it retires.  A
+    scheduler without the allocator (no fit ever declared there) is told nothing, quietly."""
     try:
-        await worker.scheduler.adadamp_worker_ends(worker=worker.address, seconds=left)
-    except Exception as err:  # noqa: BLE001 -- the replacement is then asked for when it leaves, as before
-        logger.debug("could not tell the allocator this worker's lifetime: %r", err)
+        await worker.scheduler.adadamp_worker_life(worker=worker.address, created=psutil.Process().create_time(),
+                                                   ends_in=seconds_left(worker))
+    except Exception as err:  # noqa: BLE001 -- an estimate and a replacement ahead are lost, nothing else
+        logger.debug("could not tell the allocator this worker's life: %r", err)

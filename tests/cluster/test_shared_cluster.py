@@ -449,7 +449,7 @@ def test_lending_stops_at_a_batch_size_where_whole_updates_with_it_were_not_fast
 def _allocator_state(dask_scheduler):
     allocator = dask_scheduler.plugins[NAME]
     return {"fits": sorted(allocator.fits), "capacity": str(allocator.capacity), "idle": str(allocator.idle),
-            "ends": sorted(allocator.ends)}
+            "ends": sorted(allocator.ends), "starts": list(allocator.starts)}
 
 
 MALFORMED = {
@@ -464,8 +464,11 @@ MALFORMED = {
     "least-above-most": ("adadamp_allocate", {"fit": "a", "want": 1, "most": 2, "least": 3}, "least"),
     "speedups-nan": ("adadamp_allocate", {"fit": "a", "want": 1, "speedups": [1.0, float("nan")]}, "speedups"),
     "client-unknown": ("adadamp_allocate", {"fit": "a", "want": 1, "client": "nobody"}, "client"),
-    "ends-seconds-nan": ("adadamp_worker_ends", {"worker": "tcp://127.0.0.1:1", "seconds": float("nan")}, "seconds"),
-    "ends-unknown-worker": ("adadamp_worker_ends", {"worker": "tcp://127.0.0.1:1", "seconds": 5.0}, "worker"),
+    "life-created-text": ("adadamp_worker_life", {"worker": "tcp://127.0.0.1:1", "created": "now"}, "created"),
+    "life-ends-nan": ("adadamp_worker_life", {"worker": "tcp://127.0.0.1:1", "created": 1.0, "ends_in": float("nan")},
+                      "ends_in"),
+    "life-unknown-worker": ("adadamp_worker_life", {"worker": "tcp://127.0.0.1:1", "created": 1.0, "ends_in": 5.0},
+                            "worker"),
 }
 
 
@@ -489,6 +492,11 @@ def _seconds_left(dask_scheduler):
     return {w: end - time.monotonic() for w, end in dask_scheduler.plugins[NAME].ends.items()}
 
 
+def _starts(dask_scheduler):
+    allocator = dask_scheduler.plugins[NAME]
+    return allocator.starts, allocator.start_seconds()
+
+
 def test_a_worker_with_a_lifetime_is_replaced_ahead_and_its_fit_moves_to_the_replacement(data):
     """A worker that retires at its lifetime (Dask's ``--lifetime``, dask-jobqueue's recipe for
     walltimes) tells the allocator at its set-up; near its end the cluster's target counts a
@@ -501,11 +509,14 @@ def test_a_worker_with_a_lifetime_is_replaced_ahead_and_its_fit_moves_to_the_rep
         DaskRegressor(module=Net, max_epochs=1, batch_size=256, scale_cluster=False, client=client).fit(X[:512], y[:512])
         left = client.run_on_scheduler(_seconds_left)  # told by the worker's set-up
         assert len(left) == 1 and 200 < next(iter(left.values())) <= 300, left
+        starts, start = client.run_on_scheduler(_starts)  # and how long its process took to register
+        assert len(starts) == 1 and 0 < starts[0] < 60 and start == starts[0], starts
         [old] = left
         reply = client.sync(client.scheduler.adadamp_allocate, fit="a", want=1, ahead=1, most=1, least=1, scaled=True)
         assert list(reply["grant"]) == [old]
         assert client.sync(client.scheduler.adadamp_target) == 1
-        client.sync(client.scheduler.adadamp_worker_ends, worker=old, seconds=0.0)  # as a worker at its end tells
+        client.sync(client.scheduler.adadamp_worker_life, worker=old, created=time.time() - 10,
+                    ends_in=0.0)  # as a worker at its end tells
         assert client.sync(client.scheduler.adadamp_target) == 2  # its replacement, asked for ahead
         cluster.scale(2)
         client.wait_for_workers(2)
