@@ -182,9 +182,9 @@ class Allocator(SchedulerPlugin):
         return float(sorted(self.starts)[len(self.starts) // 2])
 
     def _ending(self, now: float) -> set[str]:
-        """Workers whose lifetime ends within the lead a replacement needs to start."""
-        start = self.start_seconds()
-        lead = LIFETIME_LEAD if start is None else 2 * start + 1.0
+        """Workers whose lifetime ends within the lead a replacement needs to start (a measured
+        growth: a worker's own start leaves out the queue a replacement job waits in)."""
+        lead = LIFETIME_LEAD if self.start_latency is None else 2 * self.start_latency + 1.0
         return {w for w, end in self.ends.items() if end - now < lead}
 
     def log_event(self, topic: str, msg) -> None:
