@@ -81,8 +81,13 @@ KNOWN = {
     # adadamp.cluster.policy.ensure_plugin registers its worker plugin again whenever the workers
     # changed: a broadcast to every worker, and one removed meanwhile makes Dask's scheduler log
     # this (adadamp then registers again, with a WARNING).  Open: see docs/changelog.rst.
-    "plugin broadcast met a removed worker": re.compile(r"distributed\.scheduler - ERROR - broadcast to \S+ failed: "),
+    # Two of them at once: the second's exception "was never retrieved" (asyncio), with its traceback.
+    "plugin broadcast met a removed worker": re.compile(
+        r"distributed\.scheduler - ERROR - broadcast to \S+ failed: |^future: <Future finished exception=\w+\("
+        r"'in <TCP \(closed\) Scheduler Broadcast"),
 }
+#: The lines that continue a logged record (its traceback), counted with the record's cause.
+CONTINUED = re.compile(r"^(Traceback |  |The above exception|During handling|\s*$|[\w.]+(Error|Exception): )")
 
 
 class TanhMLP(nn.Module):
@@ -462,7 +467,7 @@ def supervise(args, argv: list[str]) -> dict:
            "PYTHONUNBUFFERED": "1"}
     log = Path(args.log or tempfile.mkstemp(prefix="soak-", suffix=".log")[1])
     limit = 60 * args.minutes + len(draw(args.workloads, args.seed)) * 60 + 2 * DEADLINE + 120
-    bad, result, known = [], None, dict.fromkeys(KNOWN, 0)
+    bad, result, known, block = [], None, dict.fromkeys(KNOWN, 0), None
     with log.open("w") as out, subprocess.Popen(
         [sys.executable, __file__, *argv, "--inner"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=env, start_new_session=True,
@@ -473,6 +478,9 @@ def supervise(args, argv: list[str]) -> dict:
             sys.stdout.write(line)
             out.write(line)
             cause = next((k for k, pattern in KNOWN.items() if pattern.search(line)), None)
+            if cause is None and block is not None and CONTINUED.match(line):
+                continue  # the known record's traceback
+            block = cause
             if cause is not None:
                 known[cause] += 1
             elif BAD_LINE.search(line):
