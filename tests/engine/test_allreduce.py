@@ -672,6 +672,30 @@ def test_losing_every_replica_continues_from_the_clients_copy(data, tmp_path, ca
     assert seen == list(range(1, calm.history_[-1]["n_updates"] + 1)), seen
 
 
+def test_losing_every_replica_at_the_epochs_end_runs_the_epoch_again(data, caplog):
+    """The only worker killed after an epoch's last update: its sync, which brings the client's
+    copy up to date, finds no replica left.  The epoch runs again from the client's copy (the
+    epoch's start), as a loss inside the epoch does, and the fit ends with the undisturbed
+    weights; it raised ``NoWorkersError`` before (found by tests/system/stress/soak.py: 1 fit in
+    54 of its short mode)."""
+    X, y = data
+    params = {"optimizer": torch.optim.SGD, "optimizer__momentum": 0.9, "batch_size": 32, "max_epochs": 2,
+              "random_state": 2, "scale_cluster": False, "backend": AR, "worker_timeout": 60.0}
+    last = -(-len(X) // 32)  # the first epoch's last update
+    with _cluster(1) as cluster, Client(cluster) as client:
+        _Clusters.current, _Clusters.client = cluster, client
+        calm = DaskClassifier(client=client, **params).fit(X, y)
+        with caplog.at_level(logging.WARNING, logger="adadamp"):
+            hurt = DaskClassifier(client=client, callbacks=[("kill", KillOnlyWorker(at=last)), ("count", CountUpdates())],
+                                  **params).fit(X, y)
+    rollbacks = [r.getMessage() for r in caplog.records if "no replica left" in r.getMessage()]
+    assert rollbacks and all("(update 0)" in m for m in rollbacks), rollbacks
+    np.testing.assert_allclose(_weights(hurt), _weights(calm), rtol=1e-5, atol=1e-6)
+    assert [len(r["updates"]) for r in hurt.history_] == [len(r["updates"]) for r in calm.history_]
+    seen = dict(hurt.callbacks_)["count"].seen_
+    assert seen == list(range(1, calm.history_[-1]["n_updates"] + 1)), seen
+
+
 class _StaleRankZero(AllReduce):
     """The all-reduce backend whose first replica is put back to the fit's first state before update
     ``AT``, still counted as current, and a new group formed with it as rank 0 (test only): a replica

@@ -91,6 +91,11 @@ class RolledBack(Exception):
     """No replica was left: the epoch continues from the client's committed state."""
 
 
+class ReplicasLost(NoWorkersError):
+    """Every replica was lost in a sync, before the client's copy was brought up to date: within
+    an epoch, the epoch continues from the commit; elsewhere the fit stops with the last good state."""
+
+
 @dataclasses.dataclass
 class _Forming:
     """A generation being formed: its workers, their rank order, the calls and when they went."""
@@ -367,7 +372,8 @@ class AllReduce(Backend):
                 return
             candidates = [w for w in candidates if w in self._current]
         if self._step_owed is not None or self.loop.n_updates != self._commit.loop.n_updates:
-            raise NoWorkersError("every replica was lost before the client's copy could be brought up to date")
+            self._group = None  # formed again, from the client's copy
+            raise ReplicasLost("every replica was lost before the client's copy could be brought up to date")
 
     # ------------------------------------------------------------------ training
     def gradient_round(self, batch: Batch) -> Totals:
@@ -516,8 +522,9 @@ class AllReduce(Backend):
 
     def _run_updates(self, updates: list[dict], on_update, end: float) -> None:
         """The epoch's updates; the client's module is up to date when it returns (also when a
-        callback stops training).  An update undone (no replica left) is run again from the
-        commit, and callbacks are not told of it twice."""
+        callback stops training).  An update undone (no replica left, also at the sync that ends the
+        epoch or writes a checkpoint) is run again from the commit, and callbacks are not told of it
+        twice."""
         lp = self.loop
         self._set_commit(len(updates))
         self._epoch_updates = updates  # a mid-epoch sync (a checkpoint) moves the commit to its update
@@ -536,15 +543,20 @@ class AllReduce(Backend):
                 reported = lp.n_updates
                 on_update(records)
 
-        try:
-            run_epoch(lp, update, updates, report, end)
-        except StopTraining:
-            self.sync()
-            raise
-        except NoWorkersError:
-            self._roll_back()  # the client's copy is the commit's: the clock goes back with it
-            raise
-        self.sync()
+        while True:
+            try:
+                run_epoch(lp, update, updates, report, end)
+                self.sync()
+                return
+            except StopTraining:
+                self.sync()
+                raise
+            except ReplicasLost:  # the client's copy is the commit's: the epoch goes on from there
+                self._roll_back()
+                del updates[self._commit.n_records:]
+            except NoWorkersError:
+                self._roll_back()  # the client's copy is the commit's: the clock goes back with it
+                raise
 
 
 def _collect(totals: Totals, replied: list, examples: dict[str, int]):
