@@ -10,6 +10,7 @@ LocalCluster all print to the stderr of the process that started it, so the scri
 process of its own and the whole of its stderr is read.
 """
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -64,6 +65,32 @@ if __name__ == "__main__":
 '''
 
 
+#: Left (issue 65 item 2 stays open for them), two races inside Dask while a worker closes:
+#: the scheduler tells it that it closes gracefully on a batched stream that the nanny's close can
+#: overtake (seen once in 48 retirements), and its last heartbeat can meet the scheduler's closed
+#: connection (logged with its traceback; seen once under the load of other tests).
+KNOWN = ("Invalid Worker.status transition: Status.closing -> Status.closing_gracefully",
+         "Failed to communicate with scheduler during heartbeat")
+_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")  # a log record's first line
+
+
+def _alarms(err: str) -> list[str]:
+    """The log records at ERROR or CRITICAL, and the tracebacks, that are not one of the races of
+    :data:`KNOWN` (a record's traceback is its continuation lines)."""
+    records, out = [], []
+    for line in err.splitlines():
+        if _RECORD.match(line) or not records:
+            records.append([line])
+        else:
+            records[-1].append(line)
+    for record in records:
+        text = "\n".join(record)
+        alarming = any(level in record[0] for level in ("ERROR", "CRITICAL")) or "Traceback" in text
+        if alarming and not any(k in record[0] for k in KNOWN):
+            out.append(text)
+    return out
+
+
 @pytest.mark.timeout(400)
 def test_idle_workers_retire_twenty_times_without_an_error(tmp_path):
     script = tmp_path / "script.py"
@@ -73,11 +100,17 @@ def test_idle_workers_retire_twenty_times_without_an_error(tmp_path):
     err = run.stderr
     assert run.returncode == 0, err[-4000:]
     assert "retired 20 workers" in err, err[-4000:]
-    # Left (issue 65 item 2 stays open for it): the scheduler tells a worker it closes gracefully on a
-    # batched stream that the nanny's close can overtake; the worker then logs this one line, without
-    # a traceback (seen once in 48 retirements).  Every other ERROR line fails the test.
-    known = "Invalid Worker.status transition: Status.closing -> Status.closing_gracefully"
-    alarms = [line for line in err.splitlines()
-              if ("ERROR" in line or "Traceback" in line or "CRITICAL" in line) and known not in line]
-    assert not alarms, err[-6000:]
+    assert not _alarms(err), err[-6000:]
     assert "still alive after" not in err, err[-4000:]  # each retired process exits, none is killed
+    assert "CancelledError" not in err, err[-4000:]  # the nanny's ERROR when two closes met (4 in 20 before)
+
+
+def test_the_alarms_leave_out_the_known_races_and_nothing_else():
+    known = ("2026-12-07 18:00:00,000 - distributed.worker - ERROR - Failed to communicate with scheduler during "
+             "heartbeat.\nTraceback (most recent call last):\n  ...\nCommClosedError: in <TCP (closed)>")
+    other = "2026-12-07 18:00:01,000 - distributed.nanny - ERROR - Exception\nTraceback (most recent call last):\n  x"
+    bare = "Traceback (most recent call last):\n  File x\nValueError: y"
+    warn = "2026-12-07 18:00:02,000 - distributed.nanny - WARNING - Restarting worker"
+    assert _alarms(f"{known}\n{warn}") == []
+    assert _alarms(f"{known}\n{other}\n{warn}") == [other]
+    assert _alarms(bare) == [bare]
