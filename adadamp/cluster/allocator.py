@@ -150,6 +150,13 @@ class Allocator(SchedulerPlugin):
                     held.remove(worker)
         self._divide()
 
+    def valid_workers_downscaling(self, scheduler, workers: list) -> list:
+        """Dask's ``Scheduler.workers_to_close`` picks only workers no fit trains on: what a
+        dask-gateway scheduler retires on a scale-down, Dask's default ``Adaptive`` and
+        ``retire_workers()`` without names (a distributed too old to call this hook picks any)."""
+        held = self._held()
+        return [ws for ws in workers if ws.address not in held]
+
     def worker_ends(self, worker: str, seconds: float) -> None:
         """A worker with a lifetime says it retires in ``seconds``: the cluster is sized for its
         replacement ahead (:meth:`target`), and the fit holding it moves to the replacement once it
