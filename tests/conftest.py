@@ -1,5 +1,6 @@
 """Shared fixtures: one real LocalCluster of worker processes for the session, the single-node
-SLURM of ``tests/system/slurm`` (``slurm``), the emulated hosts of ``tests/system/netbed`` (``netbed_ready``), and a check for processes a test left behind."""
+SLURM of ``tests/system/slurm`` (``slurm``), the dask-gateway server of ``tests/system/gateway``
+(``gateway``), the emulated hosts of ``tests/system/netbed`` (``netbed_ready``), and a check for processes a test left behind."""
 
 import contextlib
 import fcntl
@@ -19,6 +20,7 @@ from distributed import Client, LocalCluster
 
 SLURM_DIR = Path(__file__).resolve().parent / "system" / "slurm"
 SLURM_START_TIMEOUT = 420  # seconds; the first start may install packages with apt-get
+GATEWAY_DIR = Path(__file__).resolve().parent / "system" / "gateway"
 BROWSER_INSTALL = Path(__file__).resolve().parent / "system" / "browser" / "install.sh"
 #: Held by the test that uses the machine's one SLURM or its emulated hosts (and by SLURM's start):
 #: under pytest-xdist (CI's ``-n 2``) such tests of different processes run one at a time.
@@ -266,6 +268,36 @@ def slurm(pytestconfig):
     if "started: nothing" not in last:
         _slurm_marker(pytestconfig).touch()
     return last
+
+
+@pytest.fixture(scope="session")
+def gateway():
+    """A dask-gateway server on localhost for the session (``tests/system/gateway/start.sh``: the
+    UnsafeLocalBackend, whose clusters are processes of this user, and simple authentication), stopped
+    at its end with the clusters it runs.  Yields its address (``http://127.0.0.1:PORT``).  Where it cannot
+    start (dask-gateway-server missing) the test skips with the reason, or fails when ``CI`` is set."""
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "ADADAMP_GATEWAY_PYTHON": sys.executable,  # its clusters import this adadamp
+           "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
+    try:
+        proc = subprocess.run(["bash", str(GATEWAY_DIR / "start.sh")], check=False, capture_output=True, text=True,
+                              timeout=120, env=env)
+        reason = None if proc.returncode == 0 else (
+            f"dask-gateway-server could not be started (tests/system/gateway/start.sh exit {proc.returncode}):\n"
+            + "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:]))
+    except subprocess.TimeoutExpired:
+        reason = "tests/system/gateway/start.sh did not finish within 120 s"
+    if reason is not None:
+        if _ci():
+            pytest.fail(f"{reason}\n(CI is set: the dask-gateway tests must run in CI)", pytrace=False)
+        pytest.skip(reason=reason)
+    last = proc.stdout.strip().splitlines()[-1]  # Gateway ready: URL (pid PID, state DIR)
+    address, state = last.split()[2], last.rstrip(")").split()[-1]
+    try:
+        yield address
+    finally:
+        subprocess.run(["bash", str(GATEWAY_DIR / "stop.sh"), state], check=False, capture_output=True, text=True,
+                       timeout=120)
 
 
 @pytest.fixture(scope="session")

@@ -48,10 +48,11 @@ from distributed.protocol.pickle import dumps
 from ..wire.identity import scheduler_info
 from .allocator import LEASE, MAX_COUNT, MAX_FITS_PER_CLIENT, NAME, Allocator, FitEntry
 from .division import by_speedup, divide, lend, shares
+from .gateway import GatewaySizer, is_gateway_cluster
 from .grant import Grant
 
-__all__ = ["LEASE", "MAX_COUNT", "MAX_FITS_PER_CLIENT", "NAME", "Allocator", "AllocatorAdaptive", "FitEntry", "Grant",
-           "adapt", "by_speedup", "divide", "ensure_allocator", "idle_timeout", "lend", "shares"]
+__all__ = ["LEASE", "MAX_COUNT", "MAX_FITS_PER_CLIENT", "NAME", "Allocator", "AllocatorAdaptive", "FitEntry",
+           "GatewaySizer", "Grant", "adapt", "by_speedup", "divide", "ensure_allocator", "idle_timeout", "lend", "shares"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +129,9 @@ def _adapting(adaptive: Adaptive) -> bool:
 
 
 def adapt(cluster, minimum: int | None = None, maximum: float | None = None, interval: float = 0.5,
-          idle: float | None = None) -> AllocatorAdaptive | None:
-    """Size ``cluster`` (a LocalCluster, a dask-jobqueue cluster: any ``SpecCluster``) for the
+          idle: float | None = None) -> AllocatorAdaptive | GatewaySizer | None:
+    """Size ``cluster`` (a LocalCluster, a dask-jobqueue cluster: any ``SpecCluster``; a dask-gateway
+    ``GatewayCluster``, through its ``scale``: :class:`~adadamp.cluster.gateway.GatewaySizer`) for the
     fits that share it: the sum of their wants, within ``[minimum, maximum]`` (``minimum`` None:
     the workers it has now, so it never shrinks below what it was started with; ``maximum``
     None: the largest ``max_workers`` of the fits; ``idle``: seconds a worker no fit holds is kept,
@@ -145,6 +147,13 @@ def adapt(cluster, minimum: int | None = None, maximum: float | None = None, int
                 adaptive.maximum = maximum
             if idle is not None:
                 adaptive.idle = idle
+            return adaptive
+        if is_gateway_cluster(cluster):
+            if minimum is None:
+                minimum = len(cluster.scheduler_info.get("workers", {}))
+            adaptive = GatewaySizer(cluster, minimum=minimum, maximum=math.inf if maximum is None else maximum,
+                                    interval=interval, idle=idle)
+            _ADAPTIVE[cluster] = adaptive
             return adaptive
         if minimum is None:
             minimum = len(getattr(cluster, "plan", ()))

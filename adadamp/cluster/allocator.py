@@ -153,6 +153,13 @@ class Allocator(SchedulerPlugin):
                     held.remove(worker)
         self._divide()
 
+    def valid_workers_downscaling(self, scheduler, workers: list) -> list:
+        """Dask's ``Scheduler.workers_to_close`` picks only workers no fit trains on: what a
+        dask-gateway scheduler retires on a scale-down, Dask's default ``Adaptive`` and
+        ``retire_workers()`` without names (a distributed too old to call this hook picks any)."""
+        held = self._held()
+        return [ws for ws in workers if ws.address not in held]
+
     def worker_life(self, worker: str, created: float, ends_in: float | None = None) -> None:
         """A worker says when its process was ``created`` (seconds since the epoch, its clock) and,
         with a lifetime, that it retires in ``ends_in`` seconds.

@@ -49,7 +49,8 @@ _WARNED: set[str] = set()  # what this process has warned about once
 
 #: The fields of a ``Security`` that a client connects with.
 _CLIENT_FIELDS = ("tls_ca_file", "tls_client_cert", "tls_client_key", "tls_ciphers", "tls_min_version", "tls_max_version")
-_CREDENTIALS = ("tls_ca_file", "tls_client_cert", "tls_client_key")
+#: The fields that hold credentials (``tls_key``, ``tls_cert``: dask-gateway's ``GatewaySecurity``, as PEM text).
+_CREDENTIALS = ("tls_ca_file", "tls_client_cert", "tls_client_key", "tls_key", "tls_cert")
 
 
 class PickledClient:
@@ -290,6 +291,10 @@ def _client_side(security):
     """What of ``security`` a client connects with (no scheduler's or worker's key), or None."""
     if not isinstance(security, Security):
         return None
+    if not hasattr(security, "require_encryption"):
+        # A subclass with connection arguments of its own, which skips Security's fields: dask-gateway's
+        # GatewaySecurity holds only the credentials a client of its cluster connects with.
+        return security
     fields = {k: getattr(security, k, None) for k in _CLIENT_FIELDS}
     fields = {k: v for k, v in fields.items() if v is not None}
     return Security(require_encryption=security.require_encryption, extra_conn_args=dict(security.extra_conn_args or {}),
