@@ -39,14 +39,12 @@ import math
 import threading
 import weakref
 
-import dask
-from dask.utils import parse_timedelta
 from distributed import SpecCluster
 from distributed.deploy.adaptive import Adaptive
 from distributed.protocol.pickle import dumps
 
 from ..wire.identity import scheduler_info
-from .allocator import LEASE, MAX_COUNT, MAX_FITS_PER_CLIENT, NAME, Allocator, FitEntry
+from .allocator import LEASE, MAX_COUNT, MAX_FITS_PER_CLIENT, NAME, Allocator, FitEntry, idle_timeout
 from .division import by_speedup, divide, lend, shares
 from .gateway import GatewaySizer, is_gateway_cluster
 from .grant import Grant
@@ -55,23 +53,6 @@ __all__ = ["LEASE", "MAX_COUNT", "MAX_FITS_PER_CLIENT", "NAME", "Allocator", "Al
            "GatewaySizer", "Grant", "adapt", "by_speedup", "divide", "ensure_allocator", "idle_timeout", "lend", "shares"]
 
 logger = logging.getLogger(__name__)
-
-#: Default of dask config ``adadamp.cluster.idle-timeout``: long enough that a search's next candidates
-#: find the workers warm while joblib's processes start (a warm SLURM allocation lost its 4 jobs at 30 s).
-IDLE_TIMEOUT = "2 minutes"
-
-
-def idle_timeout() -> float:
-    """Seconds a worker no fit holds stays in a cluster the allocator sizes (dask config
-    ``adadamp.cluster.idle-timeout``)."""
-    value = dask.config.get("adadamp.cluster.idle-timeout", IDLE_TIMEOUT)
-    try:
-        return float(parse_timedelta(value))
-    except (TypeError, ValueError, KeyError) as err:
-        raise ValueError(f"dask config adadamp.cluster.idle-timeout={value!r} is not a duration: give seconds or "
-                         "a string such as '30 s'.") from err
-
-
 
 class AllocatorAdaptive(Adaptive):
     """Dask's ``Adaptive`` sized by the allocator: the sum of the fits' wants, shrinking lazily

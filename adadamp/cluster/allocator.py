@@ -12,6 +12,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import dask
+from dask.utils import parse_timedelta
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from ..records import to_message
@@ -26,6 +28,22 @@ LEASE = 30.0  #: seconds a grant lasts without a renewal (a fit renews it every 
 LIFETIME_LEAD = 10.0
 MAX_START = 600.0  #: seconds; a worker's start told above this is not kept (clocks apart, a stopped process)
 STARTS_KEPT = 16  #: the latest workers' starts whose median is the start latency before a growth is measured
+
+
+#: Default of dask config ``adadamp.cluster.idle-timeout``: long enough that a search's next candidates
+#: find the workers warm while joblib's processes start (a warm SLURM allocation lost its 4 jobs at 30 s).
+IDLE_TIMEOUT = "2 minutes"
+
+
+def idle_timeout() -> float:
+    """Seconds a worker no fit holds stays in a cluster the allocator sizes (dask config
+    ``adadamp.cluster.idle-timeout``)."""
+    value = dask.config.get("adadamp.cluster.idle-timeout", IDLE_TIMEOUT)
+    try:
+        return float(parse_timedelta(value))
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"dask config adadamp.cluster.idle-timeout={value!r} is not a duration: give seconds or "
+                         "a string such as '30 s'.") from err
 
 
 @dataclass

@@ -22,7 +22,7 @@ import weakref
 
 from distributed.protocol.pickle import dumps
 
-from .allocator import NAME, Allocator
+from .allocator import NAME, Allocator, idle_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +111,6 @@ class GatewaySizer:
         if not self._installed:  # before any fit registered it
             await comm.register_scheduler_plugin(plugin=dumps(Allocator()), name=NAME, idempotent=True)
             self._installed = True
-        from .adaptive import idle_timeout
-
         maximum = None if math.isinf(self.maximum) else int(self.maximum)
         idle = idle_timeout() if self.idle is None else self.idle
         return await comm.adadamp_target(maximum=maximum, minimum=int(self.minimum),
