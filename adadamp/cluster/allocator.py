@@ -26,6 +26,11 @@ LEASE = 30.0  #: seconds a grant lasts without a renewal (a fit renews it every 
 #: A worker that retires at its lifetime has its replacement asked for this many seconds ahead while
 #: the cluster's worker start is not measured yet; then twice that start, and a second.
 LIFETIME_LEAD = 10.0
+#: Where a worker tells its life in the scheduler's metadata (``Scheduler.set_metadata``), under its
+#: address: ``{"created": ..., "ends": ...}``, seconds since the epoch on its clock (``ends`` None
+#: without a lifetime).  Metadata, not a handler of the allocator: a worker set up before the
+#: allocator exists (or on a scheduler that never has one) tells it all the same.
+LIFE_KEY = ("adadamp", "worker-life")
 MAX_START = 600.0  #: seconds; a worker's start told above this is not kept (clocks apart, a stopped process)
 STARTS_KEPT = 16  #: the latest workers' starts whose median is the start latency before a growth is measured
 
@@ -130,6 +135,7 @@ class Allocator(SchedulerPlugin):
         self.start_latency: float | None = None  # seconds the cluster took to bring workers asked for
         self.ends: dict[str, float] = {}  # worker -> when it retires at its lifetime (time.monotonic), as it told
         self.starts: list[float] = []  # seconds the latest workers' processes took to register (as they told)
+        self._started: set[str] = set()  # the workers whose start is counted in ``starts``
         self.scheduler = None
 
     @property
@@ -144,7 +150,6 @@ class Allocator(SchedulerPlugin):
             "adadamp_release_grant": self.release,
             "adadamp_target": self.target,
             "adadamp_workers_to_close": self.workers_to_close,
-            "adadamp_worker_life": self.worker_life,
         })
 
     # ------------------------------------------------------------------ workers
@@ -165,6 +170,7 @@ class Allocator(SchedulerPlugin):
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self.free_since.pop(worker, None)
         self.ends.pop(worker, None)
+        self._started.discard(worker)
         for entry in self.fits.values():
             for held in (entry.grant, entry.lent):
                 if worker in held:
@@ -178,30 +184,32 @@ class Allocator(SchedulerPlugin):
         held = self._held()
         return [ws for ws in workers if ws.address not in held]
 
-    def worker_life(self, worker: str, created: float, ends_in: float | None = None) -> None:
-        """A worker says when its process was ``created`` (seconds since the epoch, its clock) and,
-        with a lifetime, that it retires in ``ends_in`` seconds.
-
-        The time from its creation to its registration (the scheduler's ``add-worker`` event) is a
-        worker's start: until a growth was measured, the cluster's start latency is taken to be the
-        latest starts' median.  An end sizes the cluster for the replacement ahead (:meth:`target`),
-        and the fit holding the worker moves to the replacement once it runs (:meth:`_divide`)."""
-        h = "adadamp_worker_life"
-        created = _number(h, "created", created, optional=False)
-        ends_in = _number(h, "ends_in", ends_in)
-        if not isinstance(worker, str) or worker not in self.scheduler.workers:
-            raise ValueError(f"{h}: worker={worker!r:.80} is not a worker of this scheduler")
-        registered = [t for t, msg in self.scheduler.get_events(worker)
-                      if isinstance(msg, dict) and msg.get("action") == "add-worker"]
-        if registered and 0 < registered[-1] - created < MAX_START:  # clocks of two hosts: a bound, not trust
-            self.starts = [*self.starts[-(STARTS_KEPT - 1):], registered[-1] - created]
-        if ends_in is not None:
-            self.ends[worker] = time.monotonic() + ends_in
-            self._divide()
+    def _read_lives(self) -> None:
+        """What the workers told of their lives at their set-up (:data:`LIFE_KEY` in the scheduler's
+        metadata, :mod:`adadamp.worker.lifetime`): a worker's start (its process's creation to its
+        registration, the scheduler's ``add-worker`` event) once; its lifetime's end each time, as
+        ``self.ends``.  Until a growth is measured, the latest starts' median is the cluster's start
+        latency; an end sizes the cluster for the replacement ahead (:meth:`target`), and the fit
+        holding the worker moves to the replacement once it runs (:meth:`_divide`).  Values that are
+        not finite numbers are ignored: anyone who reaches the scheduler may set metadata."""
+        now, wall = time.monotonic(), time.time()
+        for worker in self.scheduler.workers:
+            life = self.scheduler.get_metadata(keys=[*LIFE_KEY, worker], default=None)
+            if not isinstance(life, dict) or not _finite(created := life.get("created")):
+                continue
+            if worker not in self._started:
+                self._started.add(worker)
+                registered = [t for t, msg in self.scheduler.get_events(worker)
+                              if isinstance(msg, dict) and msg.get("action") == "add-worker"]
+                if registered and 0 < registered[-1] - created < MAX_START:  # two hosts' clocks: bounded
+                    self.starts = [*self.starts[-(STARTS_KEPT - 1):], registered[-1] - created]
+            if _finite(end := life.get("ends")):
+                self.ends[worker] = now + (end - wall)
 
     def start_seconds(self) -> float | None:
         """Seconds the cluster takes to bring a worker: measured at its growths, else the median of
         the workers' own starts (None: neither yet)."""
+        self._read_lives()
         if self.start_latency is not None or not self.starts:
             return self.start_latency
         return float(sorted(self.starts)[len(self.starts) // 2])
@@ -209,6 +217,7 @@ class Allocator(SchedulerPlugin):
     def _ending(self, now: float) -> set[str]:
         """Workers whose lifetime ends within the lead a replacement needs to start (a measured
         growth: a worker's own start leaves out the queue a replacement job waits in)."""
+        self._read_lives()
         lead = LIFETIME_LEAD if self.start_latency is None else 2 * self.start_latency + 1.0
         return {w for w, end in self.ends.items() if end - now < lead}
 
@@ -396,3 +405,7 @@ def _handed_over(held: dict[str, list[str]], live: list[str], ending: set[str]) 
             else:
                 out[fit].append(w)
     return out
+
+
+def _finite(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)

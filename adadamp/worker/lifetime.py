@@ -5,7 +5,7 @@ The start is a prior for how long the cluster takes to bring a worker, before a 
 (a fit asks for workers that long ahead, and its time left counts the wait).  Told its end, the
 allocator has the cluster start the replacement before that and moves the fits to it, so the
 retirement costs a fit no update and no wait for a job to start
-(:meth:`adadamp.cluster.allocator.Allocator.worker_life`).
+(:meth:`adadamp.cluster.allocator.Allocator._read_lives`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ def seconds_left(worker) -> float | None:
 
 
 async def tell_allocator(worker) -> None:
-    """Tell the scheduler's allocator when this worker's process started and when it retires.  A
-    scheduler without the allocator (no fit ever declared there) is told nothing, quietly."""
+    """Tell the allocator when this worker's process started and when it retires, in the scheduler's
+    metadata (:data:`adadamp.cluster.allocator.LIFE_KEY`): there whether the allocator exists yet or not."""
+    created = psutil.Process().create_time()
+    left = seconds_left(worker)
+    life = {"created": created, "ends": None if left is None else time.time() + left}
     try:
-        await worker.scheduler.adadamp_worker_life(worker=worker.address, created=psutil.Process().create_time(),
-                                                   ends_in=seconds_left(worker))
+        await worker.scheduler.set_metadata(keys=["adadamp", "worker-life", worker.address], value=life)
     except Exception as err:  # noqa: BLE001 -- an estimate and a replacement ahead are lost, nothing else
-        logger.debug("could not tell the allocator this worker's life: %r", err)
+        logger.debug("could not tell the scheduler this worker's life: %r", err)

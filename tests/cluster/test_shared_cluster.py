@@ -464,11 +464,6 @@ MALFORMED = {
     "least-above-most": ("adadamp_allocate", {"fit": "a", "want": 1, "most": 2, "least": 3}, "least"),
     "speedups-nan": ("adadamp_allocate", {"fit": "a", "want": 1, "speedups": [1.0, float("nan")]}, "speedups"),
     "client-unknown": ("adadamp_allocate", {"fit": "a", "want": 1, "client": "nobody"}, "client"),
-    "life-created-text": ("adadamp_worker_life", {"worker": "tcp://127.0.0.1:1", "created": "now"}, "created"),
-    "life-ends-nan": ("adadamp_worker_life", {"worker": "tcp://127.0.0.1:1", "created": 1.0, "ends_in": float("nan")},
-                      "ends_in"),
-    "life-unknown-worker": ("adadamp_worker_life", {"worker": "tcp://127.0.0.1:1", "created": 1.0, "ends_in": 5.0},
-                            "worker"),
 }
 
 
@@ -489,7 +484,9 @@ def test_a_malformed_message_is_refused_and_poisons_nothing(growing_cluster, han
 
 
 def _seconds_left(dask_scheduler):
-    return {w: end - time.monotonic() for w, end in dask_scheduler.plugins[NAME].ends.items()}
+    allocator = dask_scheduler.plugins[NAME]
+    allocator.start_seconds()  # reads what the workers told
+    return {w: end - time.monotonic() for w, end in allocator.ends.items()}
 
 
 def _starts(dask_scheduler):
@@ -515,8 +512,8 @@ def test_a_worker_with_a_lifetime_is_replaced_ahead_and_its_fit_moves_to_the_rep
         reply = client.sync(client.scheduler.adadamp_allocate, fit="a", want=1, ahead=1, most=1, least=1, scaled=True)
         assert list(reply["grant"]) == [old]
         assert client.sync(client.scheduler.adadamp_target) == 1
-        client.sync(client.scheduler.adadamp_worker_life, worker=old, created=time.time() - 10,
-                    ends_in=0.0)  # as a worker at its end tells
+        # as a worker at its end tells (its set-up wrote its life there; metadata, read by the allocator)
+        client.set_metadata(["adadamp", "worker-life", old], {"created": time.time() - 10, "ends": time.time()})
         assert client.sync(client.scheduler.adadamp_target) == 2  # its replacement, asked for ahead
         cluster.scale(2)
         client.wait_for_workers(2)
@@ -530,6 +527,21 @@ def test_a_worker_with_a_lifetime_is_replaced_ahead_and_its_fit_moves_to_the_rep
         # a fit declared now is handed the worker with a future first
         reply = client.sync(client.scheduler.adadamp_allocate, fit="b", want=1, ahead=1, most=1, least=1, scaled=True)
         assert list(reply["grant"]) == [old]  # the only one free: a retiring worker is still a worker
+
+
+@pytest.mark.parametrize("life", [{"created": "now"}, {"created": 1.0, "ends": float("nan")}, [1, 2], "x",
+                                  {"created": float("inf"), "ends": True}])
+def test_a_malformed_worker_life_is_ignored(growing_cluster, life):
+    """Anyone who reaches the scheduler may set metadata: a worker's life that is not finite numbers
+    changes no start, no end and no target."""
+    _, client = growing_cluster
+    ensure_allocator(client)
+    [worker] = client.scheduler_info()["workers"]
+    client.set_metadata(["adadamp", "worker-life", worker], life)
+    client.sync(client.scheduler.adadamp_allocate, fit="a", want=1, ahead=1, most=1, least=1, scaled=True)
+    assert client.sync(client.scheduler.adadamp_target) == 1
+    assert client.run_on_scheduler(_seconds_left) == {}
+    assert client.run_on_scheduler(_starts) == ([], None)
 
 
 def test_one_client_holds_a_bounded_number_of_fits(growing_cluster):
